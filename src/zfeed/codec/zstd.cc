@@ -1,0 +1,170 @@
+// zstd (bytes->bytes). Frames may lack a content size (TensorStore's old v2 writer omitted it):
+// those decode by streaming, bounded by the expected size. Encoding pledges the size.
+// Spec: zarr-extensions codecs/zstd; numcodecs Zstd for v2.
+#include <zstd.h>
+#include <zstd_errors.h>
+
+#include "zfeed/codec/codec.h"
+#include "zfeed/util/error.h"
+
+namespace zfeed {
+namespace {
+
+struct DCtxDeleter {
+  void operator()(ZSTD_DCtx* c) const { ZSTD_freeDCtx(c); }
+};
+struct CCtxDeleter {
+  void operator()(ZSTD_CCtx* c) const { ZSTD_freeCCtx(c); }
+};
+
+ZSTD_DCtx* thread_dctx() {
+  thread_local std::unique_ptr<ZSTD_DCtx, DCtxDeleter> context(ZSTD_createDCtx());
+  if (!context) throw Error("zstd: out of memory creating a decompression context");
+  return context.get();
+}
+
+ZSTD_CCtx* thread_cctx() {
+  thread_local std::unique_ptr<ZSTD_CCtx, CCtxDeleter> context(ZSTD_createCCtx());
+  if (!context) throw Error("zstd: out of memory creating a compression context");
+  return context.get();
+}
+
+[[noreturn]] void zstd_fail(size_t code, size_t encoded_size) {
+  throw Error("zstd: corrupt or truncated stream of " + std::to_string(encoded_size) + " bytes (" +
+              ZSTD_getErrorName(code) + ")");
+}
+
+class ZstdCodec final : public BytesToBytesCodec {
+ public:
+  ZstdCodec(int level, bool checksum) : level_(level), checksum_(checksum) {}
+
+  std::string name() const override { return "zstd"; }
+  Json to_json() const override {
+    return {{"name", "zstd"}, {"configuration", {{"level", level_}, {"checksum", checksum_}}}};
+  }
+
+  Bytes encode(ByteView decoded) const override {
+    ZSTD_CCtx* context = thread_cctx();
+    ZSTD_CCtx_reset(context, ZSTD_reset_session_and_parameters);
+    ZSTD_CCtx_setParameter(context, ZSTD_c_compressionLevel, level_);
+    ZSTD_CCtx_setParameter(context, ZSTD_c_checksumFlag, checksum_ ? 1 : 0);
+    ZSTD_CCtx_setParameter(context, ZSTD_c_contentSizeFlag, 1);
+    Bytes out(ZSTD_compressBound(decoded.size()));
+    size_t size = ZSTD_compress2(context, out.data(), out.size(), decoded.data(), decoded.size());
+    if (ZSTD_isError(size)) throw Error(std::string("zstd: compression failed: ") + ZSTD_getErrorName(size));
+    out.resize(size);
+    return out;
+  }
+
+  // Streams every frame into `out`; returns the size, or out.size() + 1 if there is more.
+  static size_t stream(ByteView encoded, MutableByteView out) {
+    ZSTD_DCtx* context = thread_dctx();
+    ZSTD_DCtx_reset(context, ZSTD_reset_session_only);
+    ZSTD_inBuffer input{encoded.data(), encoded.size(), 0};
+    ZSTD_outBuffer output{out.data(), out.size(), 0};
+    for (;;) {
+      const bool full = output.pos == output.size;
+      size_t hint;
+      if (!full) {
+        hint = ZSTD_decompressStream(context, &output, &input);
+      } else {
+        // Full: one spare byte tells whether the stream holds more.
+        uint8_t probe;
+        ZSTD_outBuffer extra{&probe, 1, 0};
+        hint = ZSTD_decompressStream(context, &extra, &input);
+        if (!ZSTD_isError(hint) && extra.pos > 0) return out.size() + 1;
+      }
+      if (ZSTD_isError(hint)) zstd_fail(hint, encoded.size());
+      if (input.pos == input.size) {
+        if (hint == 0) return output.pos;
+        // Out of input inside a frame: truncated, unless a full buffer still holds back output.
+        if (full || output.pos < output.size) {
+          throw Error("zstd: stream of " + std::to_string(encoded.size()) +
+                      " bytes ends inside a frame (truncated)");
+        }
+      }
+    }
+  }
+
+  void decode_into(ByteView encoded, MutableByteView out) const override {
+    unsigned long long content = ZSTD_getFrameContentSize(encoded.data(), encoded.size());
+    if (content == ZSTD_CONTENTSIZE_ERROR) {
+      throw Error("zstd: not a zstd frame (" + std::to_string(encoded.size()) + " bytes)");
+    }
+    if (content != ZSTD_CONTENTSIZE_UNKNOWN) {
+      if (content > out.size()) {
+        throw Error("zstd: frame holds " + std::to_string(content) + " bytes, more than the expected " +
+                    std::to_string(out.size()));
+      }
+      size_t size = ZSTD_decompressDCtx(thread_dctx(), out.data(), out.size(), encoded.data(), encoded.size());
+      if (ZSTD_isError(size)) {
+        if (ZSTD_getErrorCode(size) == ZSTD_error_dstSize_tooSmall) {
+          throw Error("zstd: stream decodes to more than the expected " + std::to_string(out.size()) + " bytes");
+        }
+        zstd_fail(size, encoded.size());
+      }
+      if (size != out.size()) {
+        throw Error("zstd: stream decodes to " + std::to_string(size) + " bytes, expected " +
+                    std::to_string(out.size()));
+      }
+      return;
+    }
+    size_t size = stream(encoded, out);
+    if (size > out.size()) {
+      throw Error("zstd: stream decodes to more than the expected " + std::to_string(out.size()) + " bytes");
+    }
+    if (size != out.size()) {
+      throw Error("zstd: stream decodes to " + std::to_string(size) + " bytes, expected " +
+                  std::to_string(out.size()));
+    }
+  }
+
+  Bytes decode(ByteView encoded, uint64_t max_size) const override {
+    unsigned long long content = ZSTD_getFrameContentSize(encoded.data(), encoded.size());
+    if (content == ZSTD_CONTENTSIZE_ERROR) {
+      throw Error("zstd: not a zstd frame (" + std::to_string(encoded.size()) + " bytes)");
+    }
+    uint64_t capacity = content != ZSTD_CONTENTSIZE_UNKNOWN ? content : std::max<uint64_t>(encoded.size() * 4, 1 << 16);
+    if (capacity > max_size) {
+      if (content != ZSTD_CONTENTSIZE_UNKNOWN) {
+        throw Error("zstd: frame holds " + std::to_string(content) + " bytes, more than the expected maximum " +
+                    std::to_string(max_size));
+      }
+      capacity = max_size;
+    }
+    for (;;) {
+      Bytes out(capacity);
+      size_t size = stream(encoded, out.mutable_view());
+      if (size <= capacity) {
+        out.resize(size);
+        return out;
+      }
+      if (capacity >= max_size) break;
+      capacity = std::min(capacity * 2 + 1024, max_size);
+    }
+    throw Error("zstd: stream decodes to more than the expected maximum of " + std::to_string(max_size) + " bytes");
+  }
+
+  uint64_t max_encoded_size(uint64_t decoded) const override { return ZSTD_compressBound(decoded); }
+
+ private:
+  int level_;
+  bool checksum_;
+};
+
+std::shared_ptr<Codec> make_zstd(const Json& configuration, const ChunkSpec&) {
+  CodecConfig config("zstd", configuration);
+  config.reject_unknown({"level", "checksum"});
+  int level = static_cast<int>(config.integer("level", ZSTD_minCLevel(), ZSTD_maxCLevel(), 0));
+  bool checksum = false;
+  if (const Json* value = config.find("checksum")) {
+    if (!value->is_boolean()) config.fail("\"checksum\" must be true or false, got " + value->dump());
+    checksum = value->get<bool>();
+  }
+  return std::make_shared<ZstdCodec>(level, checksum);
+}
+
+ZFEED_REGISTER_CODEC("zstd", make_zstd);
+
+}  // namespace
+}  // namespace zfeed

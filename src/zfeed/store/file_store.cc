@@ -1,0 +1,283 @@
+// The local filesystem store: positional reads (pread) that need no shared file offset, so
+// threads read concurrently, and writes that go to a temporary file in the same directory and
+// are renamed over the key, so an interrupted write never leaves a torn value.
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <utility>
+
+#include "zfeed/store/store.h"
+#include "zfeed/util/error.h"
+
+namespace zfeed {
+namespace {
+
+constexpr std::string_view kTempMarker = ".zfeed-tmp-";
+
+class FileDescriptor {
+ public:
+  explicit FileDescriptor(int fd) : fd_(fd) {}
+  ~FileDescriptor() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  FileDescriptor(const FileDescriptor&) = delete;
+  FileDescriptor& operator=(const FileDescriptor&) = delete;
+  int get() const { return fd_; }
+  int release() { return std::exchange(fd_, -1); }
+
+ private:
+  int fd_;
+};
+
+std::string errno_text(int error) { return std::strerror(error); }
+
+class FileStore final : public Store {
+ public:
+  FileStore(std::string root, FileStoreOptions options) : options_(options) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    if (options.create) fs::create_directories(root, ec);
+    fs::path absolute = fs::absolute(root, ec);
+    root_ = absolute.lexically_normal().string();
+    current_umask();  // read it once here, before threads write
+    while (root_.size() > 1 && root_.back() == '/') root_.pop_back();
+  }
+
+  std::string url() const override { return "file://" + root_; }
+
+  std::optional<Bytes> get(std::string_view key, ByteRange range) const override {
+    Bytes out;
+    if (!get_into(key, range, out)) return std::nullopt;
+    return out;
+  }
+
+  bool get_into(std::string_view key, ByteRange range, Bytes& out) const override {
+    check_key(key);
+    std::string path = path_of(key);
+    FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (fd.get() < 0) {
+      if (errno == ENOENT || errno == ENOTDIR) return false;
+      throw Error(where(key) + ": cannot open: " + errno_text(errno));
+    }
+    struct stat info {};
+    if (::fstat(fd.get(), &info) != 0) throw Error(where(key) + ": stat failed: " + errno_text(errno));
+    if (S_ISDIR(info.st_mode)) return false;
+    uint64_t size = static_cast<uint64_t>(info.st_size);
+    uint64_t begin = 0, length = size;
+    if (range.kind == ByteRange::Kind::kRange) {
+      begin = range.offset;
+      length = range.length;
+    } else if (range.kind == ByteRange::Kind::kSuffix) {
+      length = range.length;
+      begin = size - std::min(length, size);
+    }
+    if (begin > size || length > size - begin) {
+      throw Error(where(key) + ": " + range.describe() + " is outside the " +
+                  std::to_string(size) + "-byte file");
+    }
+    out.resize(length);
+    read_fully(fd.get(), out.mutable_view(), begin, key);
+    return true;
+  }
+
+  bool read_into(std::string_view key, MutableByteView out) const override {
+    check_key(key);
+    FileDescriptor fd(::open(path_of(key).c_str(), O_RDONLY | O_CLOEXEC));
+    if (fd.get() < 0) {
+      if (errno == ENOENT || errno == ENOTDIR) return false;
+      throw Error(where(key) + ": cannot open: " + errno_text(errno));
+    }
+    struct stat info {};
+    if (::fstat(fd.get(), &info) != 0) throw Error(where(key) + ": stat failed: " + errno_text(errno));
+    if (S_ISDIR(info.st_mode)) return false;
+    if (static_cast<uint64_t>(info.st_size) != out.size()) {
+      throw Error(where(key) + ": expected " + std::to_string(out.size()) + " bytes, found " +
+                  std::to_string(info.st_size));
+    }
+    read_fully(fd.get(), out, 0, key);
+    return true;
+  }
+
+  std::optional<uint64_t> size(std::string_view key) const override {
+    check_key(key);
+    struct stat info {};
+    if (::stat(path_of(key).c_str(), &info) != 0) {
+      if (errno == ENOENT || errno == ENOTDIR) return std::nullopt;
+      throw Error(where(key) + ": stat failed: " + errno_text(errno));
+    }
+    if (S_ISDIR(info.st_mode)) return std::nullopt;
+    return static_cast<uint64_t>(info.st_size);
+  }
+
+  void set(std::string_view key, ByteView value) override {
+    check_key(key);
+    std::string path = path_of(key);
+    std::string directory = path.substr(0, path.rfind('/'));
+    make_directories(directory, key);
+    std::string name = path.substr(path.rfind('/') + 1);
+    std::string temp = directory + "/." + name + std::string(kTempMarker) + "XXXXXX";
+    FileDescriptor fd(::mkstemp(temp.data()));
+    if (fd.get() < 0) throw Error(where(key) + ": cannot create a temporary file: " + errno_text(errno));
+    auto discard = [&](const std::string& why) {
+      ::unlink(temp.c_str());
+      throw Error(where(key) + ": " + why);
+    };
+    const uint8_t* data = value.data();
+    size_t left = value.size();
+    while (left > 0) {
+      ssize_t written = ::write(fd.get(), data, std::min<size_t>(left, size_t{1} << 30));
+      if (written < 0) {
+        if (errno == EINTR) continue;
+        discard("write failed: " + errno_text(errno));
+      }
+      data += written;
+      left -= static_cast<size_t>(written);
+    }
+    // mkstemp creates 0600; give the file the permissions an ordinary create would.
+    ::fchmod(fd.get(), 0666 & ~current_umask());
+    if (options_.sync && ::fsync(fd.get()) != 0) discard("fsync failed: " + errno_text(errno));
+    if (::close(fd.release()) != 0) discard("close failed: " + errno_text(errno));
+    if (::rename(temp.c_str(), path.c_str()) != 0) discard("rename failed: " + errno_text(errno));
+    if (options_.sync) {
+      FileDescriptor dir(::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+      if (dir.get() >= 0) ::fsync(dir.get());
+    }
+  }
+
+  void erase(std::string_view key) override {
+    check_key(key);
+    if (::unlink(path_of(key).c_str()) != 0 && errno != ENOENT && errno != ENOTDIR) {
+      throw Error(where(key) + ": cannot remove: " + errno_text(errno));
+    }
+  }
+
+  void erase_prefix(std::string_view prefix) override {
+    if (prefix.empty() || prefix.ends_with('/')) {
+      // A whole directory: remove it in one go.
+      std::string dir = prefix.empty() ? root_ : path_of(prefix.substr(0, prefix.size() - 1));
+      if (!prefix.empty()) check_key(prefix.substr(0, prefix.size() - 1));
+      std::error_code ec;
+      if (prefix.empty()) {
+        for (const auto& entry : std::filesystem::directory_iterator(root_, ec)) {
+          std::filesystem::remove_all(entry.path(), ec);
+        }
+      } else {
+        std::filesystem::remove_all(dir, ec);
+      }
+      if (ec) throw Error(url() + "/" + std::string(prefix) + ": cannot remove: " + ec.message());
+      return;
+    }
+    Store::erase_prefix(prefix);
+  }
+
+  std::vector<std::string> list(std::string_view prefix) const override {
+    // Walk from the deepest directory the prefix names.
+    std::string dir_key(prefix.substr(0, prefix.rfind('/') == std::string_view::npos
+                                             ? 0
+                                             : prefix.rfind('/')));
+    std::vector<std::string> keys;
+    walk(dir_key, [&](const std::string& key) {
+      if (key.starts_with(prefix)) keys.push_back(key);
+    });
+    std::sort(keys.begin(), keys.end());
+    return keys;
+  }
+
+  std::vector<std::string> list_dir(std::string_view prefix) const override {
+    std::string dir = prefix.empty() ? root_ : path_of(prefix.substr(0, prefix.size() - 1));
+    std::vector<std::string> names;
+    DIR* handle = ::opendir(dir.c_str());
+    if (handle == nullptr) return names;
+    while (dirent* entry = ::readdir(handle)) {
+      std::string_view name = entry->d_name;
+      if (name == "." || name == ".." || name.find(kTempMarker) != std::string_view::npos) continue;
+      names.emplace_back(name);
+    }
+    ::closedir(handle);
+    std::sort(names.begin(), names.end());
+    return names;
+  }
+
+ private:
+  std::string path_of(std::string_view key) const { return root_ + "/" + std::string(key); }
+  std::string where(std::string_view key) const { return url() + "/" + std::string(key); }
+
+  static mode_t current_umask() {
+    static const mode_t mask = [] {
+      mode_t m = ::umask(0);
+      ::umask(m);
+      return m;
+    }();
+    return mask;
+  }
+
+  void read_fully(int fd, MutableByteView out, uint64_t offset, std::string_view key) const {
+    size_t done = 0;
+    while (done < out.size()) {
+      ssize_t got = ::pread(fd, out.data() + done, std::min<size_t>(out.size() - done, size_t{1} << 30),
+                            static_cast<off_t>(offset + done));
+      if (got < 0) {
+        if (errno == EINTR) continue;
+        throw Error(where(key) + ": read failed: " + errno_text(errno));
+      }
+      if (got == 0) {
+        throw Error(where(key) + ": file ended after " + std::to_string(offset + done) +
+                    " bytes while reading " + std::to_string(out.size()) + " at offset " +
+                    std::to_string(offset));
+      }
+      done += static_cast<size_t>(got);
+    }
+  }
+
+  void make_directories(const std::string& directory, std::string_view key) const {
+    struct stat info {};
+    if (::stat(directory.c_str(), &info) == 0 && S_ISDIR(info.st_mode)) return;
+    std::error_code ec;
+    std::filesystem::create_directories(directory, ec);
+    if (ec) throw Error(where(key) + ": cannot create directory " + directory + ": " + ec.message());
+  }
+
+  void walk(const std::string& dir_key, const std::function<void(const std::string&)>& visit) const {
+    std::string dir = dir_key.empty() ? root_ : path_of(dir_key);
+    DIR* handle = ::opendir(dir.c_str());
+    if (handle == nullptr) return;
+    std::vector<std::pair<std::string, bool>> entries;
+    while (dirent* entry = ::readdir(handle)) {
+      std::string_view name = entry->d_name;
+      if (name == "." || name == ".." || name.find(kTempMarker) != std::string_view::npos) continue;
+      bool is_dir = entry->d_type == DT_DIR;
+      if (entry->d_type == DT_UNKNOWN || entry->d_type == DT_LNK) {
+        struct stat info {};
+        is_dir = ::stat((dir + "/" + std::string(name)).c_str(), &info) == 0 && S_ISDIR(info.st_mode);
+      }
+      entries.emplace_back(std::string(name), is_dir);
+    }
+    ::closedir(handle);
+    for (const auto& [name, is_dir] : entries) {
+      std::string key = dir_key.empty() ? name : dir_key + "/" + name;
+      if (is_dir) {
+        walk(key, visit);
+      } else {
+        visit(key);
+      }
+    }
+  }
+
+  std::string root_;
+  FileStoreOptions options_;
+};
+
+}  // namespace
+
+std::shared_ptr<Store> make_file_store(const std::string& root, FileStoreOptions options) {
+  return std::make_shared<FileStore>(root, options);
+}
+
+}  // namespace zfeed

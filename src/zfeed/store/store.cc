@@ -1,0 +1,90 @@
+#include "zfeed/store/store.h"
+
+#include <algorithm>
+#include <set>
+
+#include "zfeed/util/error.h"
+
+namespace zfeed {
+
+std::string ByteRange::describe() const {
+  switch (kind) {
+    case Kind::kAll: return "all bytes";
+    case Kind::kRange:
+      return "bytes " + std::to_string(offset) + ".." + std::to_string(offset + length);
+    case Kind::kSuffix: return "the last " + std::to_string(length) + " bytes";
+  }
+  return "";
+}
+
+bool Store::get_into(std::string_view key, ByteRange range, Bytes& out) const {
+  auto value = get(key, range);
+  if (!value) return false;
+  out = std::move(*value);
+  return true;
+}
+
+std::vector<std::optional<Bytes>> Store::get_many(std::span<const KeyRange> requests) const {
+  std::vector<std::optional<Bytes>> results;
+  results.reserve(requests.size());
+  for (const auto& request : requests) results.push_back(get(request.key, request.range));
+  return results;
+}
+
+bool Store::read_into(std::string_view key, MutableByteView out) const {
+  auto value = get(key);
+  if (!value) return false;
+  if (value->size() != out.size()) {
+    throw Error(url() + "/" + std::string(key) + ": expected " + std::to_string(out.size()) +
+                " bytes, found " + std::to_string(value->size()));
+  }
+  if (!out.empty()) std::memcpy(out.data(), value->data(), out.size());
+  return true;
+}
+
+void Store::erase_prefix(std::string_view prefix) {
+  for (const auto& key : list(prefix)) erase(key);
+}
+
+std::vector<std::string> Store::list_dir(std::string_view prefix) const {
+  std::set<std::string> children;
+  for (const auto& key : list(prefix)) {
+    std::string_view rest = std::string_view(key).substr(prefix.size());
+    children.emplace(rest.substr(0, rest.find('/')));
+  }
+  return {children.begin(), children.end()};
+}
+
+void Store::check_key(std::string_view key) {
+  auto fail = [&](const char* why) {
+    throw Error("invalid key \"" + std::string(key) + "\": " + why);
+  };
+  if (key.empty()) fail("empty");
+  if (key.front() == '/') fail("absolute paths are not allowed");
+  if (key.find('\0') != std::string_view::npos) fail("contains a NUL byte");
+  if (key.find('\\') != std::string_view::npos) fail("contains a backslash");
+  size_t start = 0;
+  while (start <= key.size()) {
+    size_t end = key.find('/', start);
+    if (end == std::string_view::npos) end = key.size();
+    std::string_view part = key.substr(start, end - start);
+    if (part.empty()) fail("has an empty path component");
+    if (part == "." || part == "..") fail("climbs out of the store root (\".\" or \"..\")");
+    start = end + 1;
+  }
+}
+
+std::shared_ptr<Store> open_store(const std::string& path_or_url, bool create) {
+  std::string_view path = path_or_url;
+  if (path.starts_with("memory://")) return make_memory_store();
+  if (path.starts_with("file://")) path.remove_prefix(7);
+  if (path.find("://") != std::string_view::npos) {
+    throw UnsupportedError("unsupported store URL \"" + path_or_url +
+                           "\" (supported: file paths, file://, memory://)");
+  }
+  FileStoreOptions options;
+  options.create = create;
+  return make_file_store(std::string(path), options);
+}
+
+}  // namespace zfeed

@@ -1,0 +1,97 @@
+// Key-value byte stores with byte-range reads. Keys are "/"-separated relative paths
+// ("temperature/c/0/1"); a store never lets a key climb out of its root.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "zfeed/util/bytes.h"
+
+namespace zfeed {
+
+// Which bytes of a value to read: all, [offset, offset + length), or the last `length`.
+struct ByteRange {
+  enum class Kind { kAll, kRange, kSuffix };
+  Kind kind = Kind::kAll;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+
+  static ByteRange all() { return {}; }
+  static ByteRange range(uint64_t offset, uint64_t length) { return {Kind::kRange, offset, length}; }
+  static ByteRange suffix(uint64_t length) { return {Kind::kSuffix, 0, length}; }
+  std::string describe() const;
+};
+
+struct KeyRange {
+  std::string key;
+  ByteRange range;
+};
+
+class Store {
+ public:
+  virtual ~Store() = default;
+
+  // The value's bytes in `range`, or nullopt if the key does not exist. A range that reaches
+  // past the end of the value is an error naming the key.
+  virtual std::optional<Bytes> get(std::string_view key, ByteRange range = {}) const = 0;
+
+  // Like get, but reads into `out` (reusing its capacity). Returns false if the key is missing.
+  virtual bool get_into(std::string_view key, ByteRange range, Bytes& out) const;
+
+  // Several reads at once; stores that can overlap them (remote ones) override this.
+  virtual std::vector<std::optional<Bytes>> get_many(std::span<const KeyRange> requests) const;
+
+  // Reads the whole value straight into `out`, which must be exactly its size. Returns false if
+  // the key does not exist; throws if the value's size differs from out.size(). The default reads
+  // then copies; the filesystem store reads in place.
+  virtual bool read_into(std::string_view key, MutableByteView out) const;
+
+  // The value's size in bytes, or nullopt if the key does not exist.
+  virtual std::optional<uint64_t> size(std::string_view key) const = 0;
+
+  // Stores `value` under `key`, replacing what was there, atomically: a reader sees the old value
+  // or the new one, never a mix.
+  virtual void set(std::string_view key, ByteView value) = 0;
+
+  // Removes the key; removing a missing key is not an error.
+  virtual void erase(std::string_view key) = 0;
+
+  // Removes every key under `prefix` ("" for all).
+  virtual void erase_prefix(std::string_view prefix);
+
+  // All keys that start with `prefix`, sorted.
+  virtual std::vector<std::string> list(std::string_view prefix) const = 0;
+
+  // The direct children of the "directory" `prefix` (which is "" or ends with "/"): names of
+  // keys and of sub-directories, without the prefix, sorted.
+  virtual std::vector<std::string> list_dir(std::string_view prefix) const;
+
+  // For error messages: "file:///data/era5.zarr", "memory://".
+  virtual std::string url() const = 0;
+
+  // Throws if `key` is empty, absolute, or has empty, "." or ".." components.
+  static void check_key(std::string_view key);
+};
+
+std::shared_ptr<Store> make_memory_store();
+
+struct FileStoreOptions {
+  // fsync each written file (and its directory) before the rename that publishes it. Off by
+  // default: the rename already keeps a killed process from leaving a torn value; turn it on to
+  // survive power loss as well.
+  bool sync = false;
+  // Create the root directory if it does not exist.
+  bool create = false;
+};
+
+std::shared_ptr<Store> make_file_store(const std::string& root, FileStoreOptions options = {});
+
+// Opens a store from a path or URL: "file:///x", "/x", "x", "memory://".
+std::shared_ptr<Store> open_store(const std::string& path_or_url, bool create = false);
+
+}  // namespace zfeed

@@ -1,0 +1,34 @@
+// The zfeed command: thin verbs over the library.
+#include <CLI/CLI.hpp>
+
+#include <iostream>
+
+#include "zfeed/tools/info.h"
+#include "zfeed/util/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"zfeed: feed Zarr weather and climate data to model training"};
+  app.require_subcommand(1);
+
+  auto* info = app.add_subcommand("info", "Show the tree of a Zarr store: shapes, chunks, codecs, sizes");
+  std::string info_path;
+  bool info_json = false;
+  info->add_option("path", info_path, "store path (a directory, file:// URL)")->required();
+  info->add_flag("--json", info_json, "print JSON instead of a tree");
+
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (info->parsed()) {
+      zfeed::Json description = zfeed::tools::describe_store(info_path);
+      if (info_json) {
+        std::cout << description.dump(2) << "\n";
+      } else {
+        zfeed::tools::print_info(description, std::cout);
+      }
+    }
+  } catch (const std::exception& e) {
+    std::cerr << "zfeed: error: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,115 @@
+#include "zfeed/util/thread_pool.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <exception>
+#include <string>
+
+namespace zfeed {
+
+struct ThreadPool::Job {
+  size_t count = 0;
+  const std::function<void(size_t)>* fn = nullptr;
+  std::atomic<size_t> next{0};
+  std::atomic<bool> failed{false};
+  std::mutex mutex;
+  std::condition_variable done_cv;
+  size_t done = 0;
+  std::exception_ptr error;
+
+  bool exhausted() const { return next.load(std::memory_order_relaxed) >= count; }
+};
+
+ThreadPool::ThreadPool(size_t threads) {
+  if (threads == 0) threads = 1;
+  workers_.reserve(threads - 1);
+  for (size_t i = 0; i + 1 < threads; ++i) workers_.emplace_back([this] { worker_loop(); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  work_available_.notify_all();
+  for (auto& worker : workers_) worker.join();
+}
+
+void ThreadPool::run_some(Job& job) {
+  size_t finished = 0;
+  for (;;) {
+    size_t i = job.next.fetch_add(1, std::memory_order_relaxed);
+    if (i >= job.count) break;
+    if (!job.failed.load(std::memory_order_relaxed)) {
+      try {
+        (*job.fn)(i);
+      } catch (...) {
+        std::lock_guard lock(job.mutex);
+        if (!job.error) job.error = std::current_exception();
+        job.failed = true;
+      }
+    }
+    ++finished;
+  }
+  if (finished > 0) {
+    std::lock_guard lock(job.mutex);
+    job.done += finished;
+    if (job.done == job.count) job.done_cv.notify_all();
+  }
+}
+
+void ThreadPool::worker_loop() {
+  for (;;) {
+    std::shared_ptr<Job> job;
+    {
+      std::unique_lock lock(mutex_);
+      work_available_.wait(lock, [this] {
+        while (!jobs_.empty() && jobs_.front()->exhausted()) jobs_.pop_front();
+        return stopping_ || !jobs_.empty();
+      });
+      if (stopping_) return;
+      job = jobs_.front();
+    }
+    run_some(*job);
+  }
+}
+
+void ThreadPool::parallel_for(size_t n, const std::function<void(size_t)>& fn) {
+  if (n == 0) return;
+  if (n == 1 || workers_.empty()) {
+    for (size_t i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  auto job = std::make_shared<Job>();
+  job->count = n;
+  job->fn = &fn;
+  {
+    std::lock_guard lock(mutex_);
+    jobs_.push_back(job);
+  }
+  if (n - 1 >= workers_.size()) {
+    work_available_.notify_all();
+  } else {
+    for (size_t i = 0; i + 1 < n; ++i) work_available_.notify_one();
+  }
+  run_some(*job);
+  {
+    std::unique_lock lock(job->mutex);
+    job->done_cv.wait(lock, [&] { return job->done == job->count; });
+  }
+  if (job->error) std::rethrow_exception(job->error);
+}
+
+ThreadPool& ThreadPool::shared() {
+  static ThreadPool pool([] {
+    if (const char* env = std::getenv("ZFEED_NUM_THREADS")) {
+      long value = std::strtol(env, nullptr, 10);
+      if (value > 0) return static_cast<size_t>(value);
+    }
+    unsigned hardware = std::thread::hardware_concurrency();
+    return static_cast<size_t>(hardware == 0 ? 1 : hardware);
+  }());
+  return pool;
+}
+
+}  // namespace zfeed

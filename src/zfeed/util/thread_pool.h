@@ -1,0 +1,46 @@
+// A small thread pool for data-parallel loops. The calling thread works too, and a task may
+// itself call parallel_for (a shard's inner chunks inside a per-shard task) without deadlock.
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace zfeed {
+
+class ThreadPool {
+ public:
+  // `threads` counts the caller: a pool of size n starts n - 1 workers.
+  explicit ThreadPool(size_t threads);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  size_t size() const { return workers_.size() + 1; }
+
+  // Runs fn(i) for every i in [0, n) and returns when all have finished. If any throws, the
+  // first exception is rethrown here once every started call has returned; calls not yet
+  // started are skipped.
+  void parallel_for(size_t n, const std::function<void(size_t)>& fn);
+
+  // The process-wide pool: ZFEED_NUM_THREADS threads, or one per hardware thread.
+  static ThreadPool& shared();
+
+ private:
+  struct Job;
+  void worker_loop();
+  static void run_some(Job& job);
+
+  std::mutex mutex_;
+  std::condition_variable work_available_;
+  std::deque<std::shared_ptr<Job>> jobs_;
+  std::vector<std::thread> workers_;
+  bool stopping_ = false;
+};
+
+}  // namespace zfeed

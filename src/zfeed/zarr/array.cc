@@ -1,0 +1,446 @@
+#include "zfeed/zarr/array.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "zfeed/codec/sharding.h"
+#include "zfeed/util/box_copy.h"
+#include "zfeed/util/error.h"
+#include "zfeed/util/scratch.h"
+#include "zfeed/util/thread_pool.h"
+
+namespace zfeed::zarr {
+namespace {
+
+bool is_metadata_key(std::string_view name) {
+  return name == "zarr.json" || name == ".zarray" || name == ".zattrs" || name == ".zgroup" || name == ".zmetadata";
+}
+
+// The part of a selection along one dimension that falls in one chunk.
+struct Piece {
+  uint64_t chunk;     // chunk index along the dimension
+  uint64_t start;     // first selected position inside the chunk
+  uint64_t out_start; // its position in the selection
+  uint64_t count;     // selected elements inside the chunk
+};
+
+std::vector<Piece> split(const Slice& slice, uint64_t chunk_size) {
+  std::vector<Piece> pieces;
+  const uint64_t n = slice.count();
+  uint64_t k = 0;
+  while (k < n) {
+    uint64_t position = slice.start + k * slice.step;
+    uint64_t chunk = position / chunk_size;
+    uint64_t chunk_end = chunk + 1 > UINT64_MAX / chunk_size ? UINT64_MAX : (chunk + 1) * chunk_size;
+    uint64_t m = std::min((chunk_end - position + slice.step - 1) / slice.step, n - k);
+    pieces.push_back({chunk, position - chunk * chunk_size, k, m});
+    k += m;
+  }
+  return pieces;
+}
+
+// Every combination of one piece per dimension, as a flat task list index -> pieces.
+struct Plan {
+  std::vector<std::vector<Piece>> pieces;
+  uint64_t size() const {
+    uint64_t total = 1;
+    for (const auto& dim : pieces) total *= dim.size();
+    return total;
+  }
+  // The pieces of task `task`, one per dimension.
+  void task(uint64_t task, std::vector<const Piece*>& out) const {
+    out.resize(pieces.size());
+    for (size_t d = pieces.size(); d-- > 0;) {
+      out[d] = &pieces[d][task % pieces[d].size()];
+      task /= pieces[d].size();
+    }
+  }
+};
+
+// True if a box of `count` in an array of `shape` is one contiguous run.
+bool is_contiguous(std::span<const uint64_t> count, std::span<const uint64_t> shape) {
+  size_t d = 0;
+  while (d < count.size() && count[d] == 1) ++d;
+  for (size_t j = d + 1; j < count.size(); ++j) {
+    if (count[j] != shape[j]) return false;
+  }
+  return true;
+}
+
+uint64_t element_offset(std::span<const uint64_t> start, std::span<const uint64_t> shape) {
+  uint64_t offset = 0, stride = 1;
+  for (size_t d = shape.size(); d-- > 0;) {
+    offset += start[d] * stride;
+    stride *= shape[d];
+  }
+  return offset;
+}
+
+// Where the bytes of one chunk live: a whole store value, or a window of one (an inner chunk of
+// a shard, read by range).
+struct Source {
+  const Store& store;
+  std::string key;
+  bool windowed = false;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+
+  bool fetch(ByteRange range, Bytes& out) const {
+    if (!windowed) return store.get_into(key, range, out);
+    ByteRange absolute;
+    switch (range.kind) {
+      case ByteRange::Kind::kAll: absolute = ByteRange::range(offset, length); break;
+      case ByteRange::Kind::kRange: absolute = ByteRange::range(offset + range.offset, range.length); break;
+      case ByteRange::Kind::kSuffix:
+        if (range.length > length) {
+          throw Error(store.url() + "/" + key + ": inner chunk of " + std::to_string(length) +
+                      " bytes is too short for a " + std::to_string(range.length) + "-byte shard index");
+        }
+        absolute = ByteRange::range(offset + length - range.length, range.length);
+        break;
+    }
+    if (!store.get_into(key, absolute, out)) {
+      throw Error(store.url() + "/" + key + ": vanished while reading");
+    }
+    return true;
+  }
+  std::string where() const {
+    std::string text = store.url() + "/" + key;
+    if (windowed) text += " (bytes " + std::to_string(offset) + ".." + std::to_string(offset + length) + ")";
+    return text;
+  }
+};
+
+// A box inside one chunk: start and step per dimension, and how many elements.
+struct Region {
+  std::vector<uint64_t> start, step, count;
+};
+
+void read_region(const CodecChain& chain, const Source& source, const Region& region, uint8_t* out,
+                 std::span<const uint64_t> out_shape, std::span<const uint64_t> out_start) {
+  const ChunkSpec& spec = chain.spec();
+  const size_t item = spec.dtype.size();
+  const size_t rank = spec.shape.size();
+  bool full = true;
+  for (size_t d = 0; d < rank; ++d) {
+    full = full && region.start[d] == 0 && region.step[d] == 1 && region.count[d] == spec.shape[d];
+  }
+  const bool direct = full && is_contiguous(region.count, out_shape);
+  uint8_t* direct_out = out + element_offset(out_start, out_shape) * item;
+  BoxRef out_box{out_shape, out_start};
+  auto fill_region = [&] { fill_box(out, out_box, region.count, spec.fill.bytes.data(), item); };
+
+  if (const ShardingCodec* sharding = chain.sharding(); sharding != nullptr && !full) {
+    // Read the index, then only the inner chunks the region touches.
+    ScratchBuffer index_bytes;
+    ByteRange index_range = sharding->index_at_end() ? ByteRange::suffix(sharding->index_size())
+                                                     : ByteRange::range(0, sharding->index_size());
+    if (!source.fetch(index_range, index_bytes.bytes())) return fill_region();
+    ShardIndex index;
+    try {
+      index = sharding->decode_index(index_bytes.bytes(),
+                                     source.windowed ? std::optional<uint64_t>(source.length) : std::nullopt);
+    } catch (...) {
+      rethrow_with_context(source.where());
+    }
+    Plan plan;
+    const auto& inner_shape = sharding->inner_shape();
+    for (size_t d = 0; d < rank; ++d) {
+      Slice slice{region.start[d], region.start[d] + (region.count[d] - 1) * region.step[d] + 1, region.step[d]};
+      plan.pieces.push_back(split(slice, inner_shape[d]));
+    }
+    const auto& grid = sharding->chunks_per_shard();
+    ThreadPool::shared().parallel_for(plan.size(), [&](size_t task) {
+      std::vector<const Piece*> pieces;
+      plan.task(task, pieces);
+      Region inner;
+      std::vector<uint64_t> inner_out_start(rank);
+      uint64_t linear = 0;
+      for (size_t d = 0; d < rank; ++d) {
+        linear = linear * grid[d] + pieces[d]->chunk;
+        inner.start.push_back(pieces[d]->start);
+        inner.step.push_back(region.step[d]);
+        inner.count.push_back(pieces[d]->count);
+        inner_out_start[d] = out_start[d] + pieces[d]->out_start;
+      }
+      if (index.is_empty(linear)) {
+        fill_box(out, BoxRef{out_shape, inner_out_start}, inner.count, spec.fill.bytes.data(), item);
+        return;
+      }
+      Source inner_source{source.store, source.key, true, source.offset + index.offset(linear), index.nbytes(linear)};
+      read_region(sharding->inner(), inner_source, inner, out, out_shape, inner_out_start);
+    });
+    return;
+  }
+
+  if (chain.is_identity() && direct && !source.windowed) {
+    // Uncompressed and in place: read the file straight into the output.
+    if (!source.store.read_into(source.key, {direct_out, static_cast<size_t>(spec.num_bytes())})) fill_region();
+    return;
+  }
+  ScratchBuffer encoded;
+  if (!source.fetch(ByteRange::all(), encoded.bytes())) return fill_region();
+  try {
+    if (direct) {
+      chain.decode(encoded.bytes(), direct_out);
+      return;
+    }
+    ScratchBuffer decoded(spec.num_bytes());
+    chain.decode(encoded.bytes(), decoded.data());
+    copy_box(decoded.data(), BoxRef{spec.shape, region.start, region.step}, out, out_box, region.count, item);
+  } catch (...) {
+    rethrow_with_context(source.where());
+  }
+}
+
+void check_selection(const Selection& selection, const ArrayMetadata& meta) {
+  if (selection.size() != meta.rank()) {
+    throw Error("selection has " + std::to_string(selection.size()) + " dimensions, the array has " +
+                std::to_string(meta.rank()));
+  }
+  for (size_t d = 0; d < selection.size(); ++d) {
+    const Slice& s = selection[d];
+    if (s.step == 0) throw Error("selection step must be positive (dimension " + std::to_string(d) + ")");
+    if (s.start > s.stop || s.stop > meta.shape[d]) {
+      throw Error("selection " + std::to_string(s.start) + ":" + std::to_string(s.stop) + " is out of bounds for dimension " +
+                  std::to_string(d) + " of extent " + std::to_string(meta.shape[d]));
+    }
+  }
+}
+
+}  // namespace
+
+std::string join_key(std::string_view prefix, std::string_view name) {
+  if (prefix.empty()) return std::string(name);
+  if (name.empty()) return std::string(prefix);
+  return std::string(prefix) + "/" + std::string(name);
+}
+
+std::string normalize_path(std::string_view path) {
+  while (!path.empty() && path.front() == '/') path.remove_prefix(1);
+  while (!path.empty() && path.back() == '/') path.remove_suffix(1);
+  if (!path.empty()) Store::check_key(path);
+  return std::string(path);
+}
+
+Array::Array(std::shared_ptr<Store> store, std::string path, ArrayMetadata metadata)
+    : store_(std::move(store)), path_(std::move(path)), metadata_(std::make_shared<ArrayMetadata>(std::move(metadata))) {
+  chain_ = std::make_shared<const CodecChain>(metadata_->codec_chain());
+}
+
+Array Array::from_metadata(std::shared_ptr<Store> store, const std::string& path, ArrayMetadata metadata) {
+  return Array(std::move(store), normalize_path(path), std::move(metadata));
+}
+
+Array Array::open(std::shared_ptr<Store> store, const std::string& path_in) {
+  std::string path = normalize_path(path_in);
+  std::string key = join_key(path, "zarr.json");
+  if (auto bytes = store->get(key)) {
+    std::string where = store->url() + "/" + key;
+    try {
+      Json json = parse_json(bytes->as_string(), "invalid JSON");
+      if (json.is_object() && json_string_or(json, "node_type", "") == "group") {
+        throw NotFoundError("is a group, not an array");
+      }
+      return Array(store, path, ArrayMetadata::parse_v3(json));
+    } catch (...) {
+      rethrow_with_context(where);
+    }
+  }
+  key = join_key(path, ".zarray");
+  if (auto bytes = store->get(key)) {
+    std::string where = store->url() + "/" + key;
+    try {
+      Json zarray = parse_json(bytes->as_string(), "invalid JSON");
+      Json zattrs;
+      std::string attrs_key = join_key(path, ".zattrs");
+      if (auto attrs = store->get(attrs_key)) zattrs = parse_json(attrs->as_string(), attrs_key + ": invalid JSON");
+      return Array(store, path, ArrayMetadata::parse_v2(zarray, zattrs));
+    } catch (...) {
+      rethrow_with_context(where);
+    }
+  }
+  throw NotFoundError(store->url() + "/" + path + ": no Zarr array here (no zarr.json or .zarray)");
+}
+
+void Array::write_metadata() const {
+  if (metadata_->zarr_format == 3) {
+    store_->set(join_key(path_, "zarr.json"), as_bytes(dump_json(metadata_->to_json_v3())));
+  } else {
+    store_->set(join_key(path_, ".zarray"), as_bytes(dump_json(metadata_->to_zarray())));
+    Json attrs = metadata_->to_zattrs();
+    if (!attrs.empty()) {
+      store_->set(join_key(path_, ".zattrs"), as_bytes(dump_json(attrs)));
+    } else {
+      store_->erase(join_key(path_, ".zattrs"));
+    }
+  }
+}
+
+Array Array::create(std::shared_ptr<Store> store, const std::string& path_in, ArrayMetadata metadata, bool overwrite) {
+  std::string path = normalize_path(path_in);
+  metadata.validate();
+  const bool exists = store->size(join_key(path, "zarr.json")) || store->size(join_key(path, ".zarray")) ||
+                      store->size(join_key(path, ".zgroup"));
+  if (exists) {
+    if (!overwrite) {
+      throw Error(store->url() + "/" + path + ": a Zarr node already exists here (pass overwrite to replace it)");
+    }
+    store->erase_prefix(path.empty() ? "" : path + "/");
+  }
+  // Parent groups, as zarr-python creates them.
+  if (!path.empty()) {
+    std::vector<std::string> parents{""};
+    for (size_t slash = path.find('/'); slash != std::string::npos; slash = path.find('/', slash + 1)) {
+      parents.push_back(path.substr(0, slash));
+    }
+    for (const auto& parent : parents) {
+      if (store->size(join_key(parent, "zarr.json")) || store->size(join_key(parent, ".zgroup")) ||
+          store->size(join_key(parent, ".zarray"))) {
+        continue;
+      }
+      if (metadata.zarr_format == 3) {
+        store->set(join_key(parent, "zarr.json"), as_bytes(dump_json(GroupMetadata{}.to_json_v3())));
+      } else {
+        store->set(join_key(parent, ".zgroup"), as_bytes("{\n  \"zarr_format\": 2\n}"));
+      }
+    }
+  }
+  Array array(store, path, std::move(metadata));
+  array.write_metadata();
+  return array;
+}
+
+void Array::set_attributes(const Json& attributes) {
+  if (!attributes.is_object()) throw Error("attributes must be a JSON object");
+  auto updated = std::make_shared<ArrayMetadata>(*metadata_);
+  updated->attributes = attributes;
+  metadata_ = updated;
+  write_metadata();
+}
+
+std::vector<uint64_t> Array::read_chunk_shape() const {
+  const CodecChain* chain = chain_.get();
+  while (const ShardingCodec* sharding = chain->sharding()) chain = &sharding->inner();
+  return chain->spec().shape;
+}
+
+Selection Array::full_selection() const {
+  Selection selection;
+  for (uint64_t extent : metadata_->shape) selection.push_back({0, extent, 1});
+  return selection;
+}
+
+std::string Array::chunk_key(std::span<const uint64_t> chunk_index) const {
+  return join_key(path_, metadata_->key_encoding.encode(chunk_index));
+}
+
+void Array::read(const Selection& selection, void* out_ptr) const {
+  const ArrayMetadata& meta = *metadata_;
+  check_selection(selection, meta);
+  uint8_t* out = static_cast<uint8_t*>(out_ptr);
+  const size_t rank = meta.rank();
+  std::vector<uint64_t> out_shape(rank);
+  Plan plan;
+  for (size_t d = 0; d < rank; ++d) {
+    out_shape[d] = selection[d].count();
+    if (out_shape[d] == 0) return;
+    plan.pieces.push_back(split(selection[d], meta.chunk_shape[d]));
+  }
+  ThreadPool::shared().parallel_for(plan.size(), [&](size_t task) {
+    std::vector<const Piece*> pieces;
+    plan.task(task, pieces);
+    std::vector<uint64_t> chunk_index(rank), out_start(rank);
+    Region region;
+    for (size_t d = 0; d < rank; ++d) {
+      chunk_index[d] = pieces[d]->chunk;
+      out_start[d] = pieces[d]->out_start;
+      region.start.push_back(pieces[d]->start);
+      region.step.push_back(selection[d].step);
+      region.count.push_back(pieces[d]->count);
+    }
+    Source source{*store_, chunk_key(chunk_index)};
+    read_region(*chain_, source, region, out, out_shape, out_start);
+  });
+}
+
+void Array::write(const Selection& selection, const void* in_ptr) const {
+  const ArrayMetadata& meta = *metadata_;
+  check_selection(selection, meta);
+  const uint8_t* in = static_cast<const uint8_t*>(in_ptr);
+  const size_t rank = meta.rank();
+  const size_t item = meta.dtype.size();
+  std::vector<uint64_t> in_shape(rank);
+  Plan plan;
+  for (size_t d = 0; d < rank; ++d) {
+    in_shape[d] = selection[d].count();
+    if (in_shape[d] == 0) return;
+    plan.pieces.push_back(split(selection[d], meta.chunk_shape[d]));
+  }
+  const ChunkSpec& spec = chain_->spec();
+  ThreadPool::shared().parallel_for(plan.size(), [&](size_t task) {
+    std::vector<const Piece*> pieces;
+    plan.task(task, pieces);
+    std::vector<uint64_t> chunk_index(rank), in_start(rank), start(rank), step(rank), count(rank);
+    bool covers_valid = true, full = true;
+    for (size_t d = 0; d < rank; ++d) {
+      chunk_index[d] = pieces[d]->chunk;
+      in_start[d] = pieces[d]->out_start;
+      start[d] = pieces[d]->start;
+      step[d] = selection[d].step;
+      count[d] = pieces[d]->count;
+      uint64_t origin = chunk_index[d] * meta.chunk_shape[d];
+      uint64_t valid = std::min(meta.chunk_shape[d], meta.shape[d] - origin);
+      covers_valid = covers_valid && start[d] == 0 && (step[d] == 1 || count[d] == 1) && count[d] == valid;
+      full = full && count[d] == meta.chunk_shape[d] && start[d] == 0 && (step[d] == 1 || count[d] == 1);
+    }
+    std::string key = chunk_key(chunk_index);
+    const uint8_t* values;
+    ScratchBuffer chunk;
+    if (full && is_contiguous(count, in_shape)) {
+      values = in + element_offset(in_start, in_shape) * item;  // encode straight from the input
+    } else {
+      chunk.bytes().resize(spec.num_bytes());
+      if (covers_valid) {
+        if (!full) fill_with(chunk.data(), spec.num_elements(), spec.fill, spec.dtype);
+      } else {
+        ScratchBuffer existing;
+        if (store_->get_into(key, ByteRange::all(), existing.bytes())) {
+          try {
+            chain_->decode(existing.bytes(), chunk.data());
+          } catch (...) {
+            rethrow_with_context(store_->url() + "/" + key);
+          }
+        } else {
+          fill_with(chunk.data(), spec.num_elements(), spec.fill, spec.dtype);
+        }
+      }
+      copy_box(in, BoxRef{in_shape, in_start}, chunk.data(), BoxRef{spec.shape, start, step}, count, item);
+      values = chunk.data();
+    }
+    if (!spec.fill.is_null && all_equal_fill(values, spec.num_elements(), spec.fill, spec.dtype)) {
+      store_->erase(key);
+      return;
+    }
+    Bytes encoded = chain_->encode(values);
+    store_->set(key, encoded);
+  });
+}
+
+StorageInfo Array::storage_info() const {
+  StorageInfo info;
+  info.objects_total = checked_product(metadata_->grid_shape(), 1, "the number of chunks");
+  std::string prefix = path_.empty() ? "" : path_ + "/";
+  for (const auto& key : store_->list(prefix)) {
+    std::string_view name = std::string_view(key).substr(prefix.size());
+    std::string_view leaf = name.substr(name.rfind('/') == std::string_view::npos ? 0 : name.rfind('/') + 1);
+    if (is_metadata_key(leaf)) continue;
+    if (auto size = store_->size(key)) {
+      info.stored_bytes += *size;
+      ++info.objects_present;
+    }
+  }
+  return info;
+}
+
+}  // namespace zfeed::zarr

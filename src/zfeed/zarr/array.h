@@ -1,0 +1,78 @@
+// A Zarr array (v3 or v2) in a store: open or create it, read any strided selection into a
+// caller's buffer, write any selection from one. Reads decode chunks in parallel on the shared
+// thread pool and write each chunk's values straight into the caller's buffer; a chunk that
+// covers a contiguous part of the output is decoded in place, with no intermediate copy.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "zfeed/codec/codec.h"
+#include "zfeed/store/store.h"
+#include "zfeed/zarr/metadata.h"
+
+namespace zfeed::zarr {
+
+// start, stop and step along one dimension (step >= 1, start <= stop <= extent).
+struct Slice {
+  uint64_t start = 0;
+  uint64_t stop = 0;
+  uint64_t step = 1;
+  uint64_t count() const { return stop > start ? (stop - start + step - 1) / step : 0; }
+};
+using Selection = std::vector<Slice>;
+
+struct StorageInfo {
+  uint64_t stored_bytes = 0;      // bytes of every chunk (or shard) object present
+  uint64_t objects_present = 0;   // chunk or shard objects present
+  uint64_t objects_total = 0;     // chunk or shard objects the grid has
+};
+
+class Array {
+ public:
+  // Opens the array at `path` ("" for the store root); v3 (zarr.json) or v2 (.zarray).
+  static Array open(std::shared_ptr<Store> store, const std::string& path = "");
+  // Writes the metadata and returns the array. An existing node at `path` is an error unless
+  // `overwrite`, which first removes everything under it.
+  static Array create(std::shared_ptr<Store> store, const std::string& path, ArrayMetadata metadata,
+                      bool overwrite = false);
+  // From metadata already read (consolidated metadata).
+  static Array from_metadata(std::shared_ptr<Store> store, const std::string& path, ArrayMetadata metadata);
+
+  const ArrayMetadata& metadata() const { return *metadata_; }
+  const std::string& path() const { return path_; }
+  const std::shared_ptr<Store>& store() const { return store_; }
+  const CodecChain& codecs() const { return *chain_; }
+  // The inner chunk shape where sharded (the read unit), else the chunk shape.
+  std::vector<uint64_t> read_chunk_shape() const;
+
+  Selection full_selection() const;
+  // Reads `selection` into `out`: a dense C-order buffer of the selection's shape, native order.
+  void read(const Selection& selection, void* out) const;
+  // Writes `in` (dense, C order, the selection's shape) into the selection. Chunks left holding
+  // only the fill value are removed.
+  void write(const Selection& selection, const void* in) const;
+
+  // Replaces the user attributes and rewrites the metadata.
+  void set_attributes(const Json& attributes);
+
+  std::string chunk_key(std::span<const uint64_t> chunk_index) const;
+  StorageInfo storage_info() const;
+
+ private:
+  Array(std::shared_ptr<Store> store, std::string path, ArrayMetadata metadata);
+  void write_metadata() const;
+
+  std::shared_ptr<Store> store_;
+  std::string path_;
+  std::shared_ptr<ArrayMetadata> metadata_;
+  std::shared_ptr<const CodecChain> chain_;
+};
+
+// "a/b" + "c" -> "a/b/c"; "" + "c" -> "c".
+std::string join_key(std::string_view prefix, std::string_view name);
+// Normalizes a user path: strips leading and trailing "/", rejects "." and "..".
+std::string normalize_path(std::string_view path);
+
+}  // namespace zfeed::zarr
