@@ -1,0 +1,55 @@
+# zfeed: `make test` installs everything, builds, and runs every C++ and Python test and the
+# fuzzers; `make demo` shows zfeed on the shared real data.
+SHELL := /bin/bash
+JOBS ?= $(shell nproc)
+VENV := .venv
+PY := $(VENV)/bin/python
+FUZZ_SECONDS ?= 30
+# One build of the Python package at a time (helpers and CI share build/python).
+LOCK := flock build/.python.lock
+
+.PHONY: all deps build python test test-cpp test-python fuzz demo bench format clean
+
+all: build python
+
+deps:
+	scripts/install-deps
+
+build/debug/build.ninja:
+	cmake -S . -B build/debug -G Ninja -DCMAKE_BUILD_TYPE=Debug -DZFEED_SANITIZE=ON -DZFEED_BUILD_TESTS=ON
+
+# The sanitized build: C++ tests, the zfeed command and the benchmark helpers under ASan + UBSan.
+build: build/debug/build.ninja
+	ninja -C build/debug -j $(JOBS)
+
+# The Python package (Release, no sanitizers) and the zfeed command, installed into .venv.
+python:
+	@mkdir -p build
+	$(LOCK) $(VENV)/bin/pip install --no-build-isolation -q .
+
+test-cpp: build
+	cd build/debug && ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
+	  ctest --output-on-failure -j $(JOBS)
+
+test-python: python
+	$(PY) -m pytest -q tests
+
+fuzz:
+	scripts/fuzz $(FUZZ_SECONDS)
+
+test: deps
+	$(MAKE) test-cpp
+	$(MAKE) test-python
+	$(MAKE) fuzz
+
+demo: deps python
+	scripts/demo
+
+bench: deps python
+	$(PY) bench/read_bench.py
+
+format:
+	clang-format -i $$(git ls-files 'src/*.cc' 'src/*.h' 'python/*.cc' 'bench/*.cc' 'fuzz/*.cc')
+
+clean:
+	rm -rf build

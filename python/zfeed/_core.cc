@@ -1,0 +1,186 @@
+// The nanobind module behind the zfeed Python package: stores, arrays and groups, with reads
+// and writes into NumPy buffers that release the GIL. Metadata crosses the boundary as JSON text.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/variant.h>
+#include <nanobind/stl/vector.h>
+
+#include "zfeed/codec/sharding.h"
+#include "zfeed/store/store.h"
+#include "zfeed/util/error.h"
+#include "zfeed/zarr/array.h"
+#include "zfeed/zarr/group.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+using zfeed::Json;
+using zfeed::zarr::Array;
+using zfeed::zarr::Group;
+
+namespace {
+
+zfeed::zarr::Selection make_selection(const std::vector<uint64_t>& starts, const std::vector<uint64_t>& stops,
+                                      const std::vector<uint64_t>& steps) {
+  if (starts.size() != stops.size() || starts.size() != steps.size()) {
+    throw zfeed::Error("selection: starts, stops and steps differ in length");
+  }
+  zfeed::zarr::Selection selection;
+  for (size_t d = 0; d < starts.size(); ++d) selection.push_back({starts[d], stops[d], steps[d]});
+  return selection;
+}
+
+uint64_t selection_bytes(const Array& array, const zfeed::zarr::Selection& selection) {
+  uint64_t count = array.metadata().dtype.size();
+  for (const auto& slice : selection) count *= slice.count();
+  return count;
+}
+
+using Buffer = nb::ndarray<nb::c_contig, nb::device::cpu>;
+
+void check_buffer(const Buffer& buffer, uint64_t expected, const char* what) {
+  uint64_t nbytes = buffer.nbytes();
+  if (nbytes != expected) {
+    throw zfeed::Error(std::string(what) + " buffer holds " + std::to_string(nbytes) + " bytes, the selection needs " +
+                       std::to_string(expected));
+  }
+}
+
+Json parse(const std::string& text) { return zfeed::parse_json(text, "metadata from Python"); }
+
+}  // namespace
+
+NB_MODULE(_core, m) {
+  m.doc() = "zfeed's C++ engine";
+
+  static nb::exception<zfeed::Error> zarr_error(m, "ZarrError", PyExc_RuntimeError);
+  static nb::exception<zfeed::UnsupportedError> unsupported_error(m, "UnsupportedError", zarr_error.ptr());
+  static nb::exception<zfeed::NotFoundError> not_found_error(m, "NodeNotFoundError", zarr_error.ptr());
+
+  // Anything else from the engine (a JSON type error deep in metadata) is still a ZarrError.
+  nb::register_exception_translator([](const std::exception_ptr& error, void*) {
+    try {
+      std::rethrow_exception(error);
+    } catch (const nlohmann::json::exception& e) {
+      PyErr_SetString(zarr_error.ptr(), (std::string("malformed metadata: ") + e.what()).c_str());
+    }
+  });
+
+  nb::class_<zfeed::Store>(m, "Store")
+      .def_prop_ro("url", &zfeed::Store::url)
+      .def("get", [](const zfeed::Store& store, const std::string& key) -> std::optional<nb::bytes> {
+        auto value = store.get(key);
+        if (!value) return std::nullopt;
+        return nb::bytes(reinterpret_cast<const char*>(value->data()), value->size());
+      })
+      .def("set", [](zfeed::Store& store, const std::string& key, nb::bytes value) {
+        store.set(key, zfeed::ByteView(reinterpret_cast<const uint8_t*>(value.c_str()), value.size()));
+      })
+      .def("erase", &zfeed::Store::erase)
+      .def("list", &zfeed::Store::list, "prefix"_a = "");
+
+  m.def("open_store", &zfeed::open_store, "path"_a, "create"_a = false);
+  m.def("memory_store", &zfeed::make_memory_store);
+
+  nb::class_<Array>(m, "Array")
+      .def_static("open", &Array::open, "store"_a, "path"_a = "")
+      .def_static(
+          "create",
+          [](std::shared_ptr<zfeed::Store> store, const std::string& path, const std::string& metadata,
+             const std::string& zattrs, bool overwrite) {
+            Json json = parse(metadata);
+            zfeed::zarr::ArrayMetadata meta;
+            try {
+              if (json.is_object() && json.contains("zarr_format") && json["zarr_format"] == 2) {
+                meta = zfeed::zarr::ArrayMetadata::parse_v2(json, zattrs.empty() ? Json() : parse(zattrs));
+              } else {
+                meta = zfeed::zarr::ArrayMetadata::parse_v3(json);
+              }
+            } catch (...) {
+              zfeed::rethrow_with_context(path.empty() ? "array metadata" : path + ": array metadata");
+            }
+            return Array::create(store, path, std::move(meta), overwrite);
+          },
+          "store"_a, "path"_a, "metadata"_a, "zattrs"_a = "", "overwrite"_a = false)
+      .def_prop_ro("path", &Array::path)
+      .def_prop_ro("store", &Array::store)
+      .def_prop_ro("shape", [](const Array& a) { return a.metadata().shape; })
+      .def_prop_ro("chunk_shape", [](const Array& a) { return a.metadata().chunk_shape; })
+      .def_prop_ro("read_chunk_shape", &Array::read_chunk_shape)
+      .def_prop_ro("is_sharded", [](const Array& a) { return a.codecs().sharding() != nullptr; })
+      .def_prop_ro("data_type", [](const Array& a) { return std::string(a.metadata().dtype.name()); })
+      .def_prop_ro("zarr_format", [](const Array& a) { return a.metadata().zarr_format; })
+      .def_prop_ro("codecs_description", [](const Array& a) { return a.codecs().describe(); })
+      .def_prop_ro("inner_codecs_description",
+                   [](const Array& a) {
+                     const auto* sharding = a.codecs().sharding();
+                     return sharding ? sharding->inner().describe() : a.codecs().describe();
+                   })
+      .def("metadata_json",
+           [](const Array& a) {
+             const auto& meta = a.metadata();
+             return meta.zarr_format == 3 ? meta.to_json_v3().dump() : meta.to_zarray().dump();
+           })
+      .def("attributes_json", [](const Array& a) { return a.metadata().attributes.dump(); })
+      .def("set_attributes_json", [](Array& a, const std::string& text) { a.set_attributes(parse(text)); })
+      .def("fill_value_json",
+           [](const Array& a) { return zfeed::fill_value_to_json(a.metadata().fill_value, a.metadata().dtype).dump(); })
+      .def("dimension_names",
+           [](const Array& a) {
+             std::optional<std::vector<std::optional<std::string>>> names = a.metadata().dimension_names;
+             return names;
+           })
+      .def("codecs_json", [](const Array& a) { return a.codecs().to_json().dump(); })
+      .def("storage_info",
+           [](const Array& a) {
+             auto info = a.storage_info();
+             return nb::make_tuple(info.stored_bytes, info.objects_present, info.objects_total);
+           })
+      .def(
+          "read",
+          [](const Array& a, const std::vector<uint64_t>& starts, const std::vector<uint64_t>& stops,
+             const std::vector<uint64_t>& steps, Buffer out) {
+            auto selection = make_selection(starts, stops, steps);
+            check_buffer(out, selection_bytes(a, selection), "output");
+            void* data = out.data();
+            nb::gil_scoped_release release;
+            a.read(selection, data);
+          },
+          "starts"_a, "stops"_a, "steps"_a, "out"_a)
+      .def(
+          "write",
+          [](const Array& a, const std::vector<uint64_t>& starts, const std::vector<uint64_t>& stops,
+             const std::vector<uint64_t>& steps, Buffer in) {
+            auto selection = make_selection(starts, stops, steps);
+            check_buffer(in, selection_bytes(a, selection), "input");
+            const void* data = in.data();
+            nb::gil_scoped_release release;
+            a.write(selection, data);
+          },
+          "starts"_a, "stops"_a, "steps"_a, "values"_a);
+
+  nb::class_<Group>(m, "Group")
+      .def_static("open", &Group::open, "store"_a, "path"_a = "")
+      .def_static(
+          "create",
+          [](std::shared_ptr<zfeed::Store> store, const std::string& path, int zarr_format,
+             const std::string& attributes, bool overwrite) {
+            return Group::create(store, path, zarr_format, attributes.empty() ? Json::object() : parse(attributes),
+                                 overwrite);
+          },
+          "store"_a, "path"_a = "", "zarr_format"_a = 3, "attributes"_a = "", "overwrite"_a = false)
+      .def_prop_ro("path", &Group::path)
+      .def_prop_ro("store", &Group::store)
+      .def_prop_ro("zarr_format", &Group::zarr_format)
+      .def_prop_ro("is_consolidated", &Group::is_consolidated)
+      .def("attributes_json", [](const Group& g) { return g.attributes().dump(); })
+      .def("set_attributes_json", [](Group& g, const std::string& text) { g.set_attributes(parse(text)); })
+      .def("members", &Group::members)
+      .def("open_member", &Group::open_member, "name"_a)
+      .def("consolidate", &Group::consolidate);
+
+  m.def("open_node", &zfeed::zarr::open_node, "store"_a, "path"_a = "");
+  m.def("registered_codecs", &zfeed::registered_codecs);
+}

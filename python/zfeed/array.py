@@ -1,0 +1,585 @@
+"""Arrays and groups: NumPy indexing over the C++ engine."""
+
+from __future__ import annotations
+
+import builtins
+import json
+import math
+import os
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from . import _core
+from ._core import ZarrError
+
+try:  # bfloat16 has no NumPy dtype of its own; ml_dtypes (a tensorstore and jax dependency) has one.
+    import ml_dtypes
+
+    _BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+except ImportError:  # pragma: no cover - ml_dtypes is a dependency of the package
+    _BFLOAT16 = None
+
+_NUMPY_DTYPES = {
+    "bool": np.dtype(bool),
+    "int8": np.dtype("int8"),
+    "int16": np.dtype("int16"),
+    "int32": np.dtype("int32"),
+    "int64": np.dtype("int64"),
+    "uint8": np.dtype("uint8"),
+    "uint16": np.dtype("uint16"),
+    "uint32": np.dtype("uint32"),
+    "uint64": np.dtype("uint64"),
+    "float16": np.dtype("float16"),
+    "float32": np.dtype("float32"),
+    "float64": np.dtype("float64"),
+    "complex64": np.dtype("complex64"),
+    "complex128": np.dtype("complex128"),
+}
+if _BFLOAT16 is not None:
+    _NUMPY_DTYPES["bfloat16"] = _BFLOAT16
+
+
+def _numpy_dtype(name: str) -> np.dtype:
+    try:
+        return _NUMPY_DTYPES[name]
+    except KeyError:
+        raise ZarrError(f"data type {name} has no NumPy equivalent here") from None
+
+
+def _zarr_dtype_name(dtype: Any) -> str:
+    if isinstance(dtype, str) and dtype in _NUMPY_DTYPES:
+        return dtype
+    dt = np.dtype(dtype)
+    for name, candidate in _NUMPY_DTYPES.items():
+        if candidate == dt:
+            return name
+    raise ZarrError(f"unsupported data type {dtype!r}")
+
+
+def memory_store():
+    """A fresh in-memory store (for tests and scratch work)."""
+    return _core.memory_store()
+
+
+def _store(path_or_store, create: bool = False):
+    if isinstance(path_or_store, _core.Store):
+        return path_or_store
+    return _core.open_store(os.fspath(path_or_store), create)
+
+
+def _split_path(path_or_store, path: str | None):
+    """'store.zarr/group/array' paths are fine when the store root is the first existing Zarr node;
+    an explicit `path` inside the store is the clearer form."""
+    return _store(path_or_store), (path or "")
+
+
+# ---------------------------------------------------------------------------------------------
+# Indexing
+
+
+class _Index:
+    """A basic NumPy index resolved against a shape: per-dimension start, stop, step (positive),
+    which dimensions are dropped (integers) and which are reversed (negative steps)."""
+
+    def __init__(self, key, shape: Sequence[int]):
+        if not isinstance(key, tuple):
+            key = (key,)
+        if any(k is None for k in key):
+            raise IndexError("zfeed arrays do not support np.newaxis in an index")
+        if sum(k is Ellipsis for k in key) > 1:
+            raise IndexError("an index can only have a single ellipsis ('...')")
+        if Ellipsis in [k for k in key if k is Ellipsis]:
+            i = next(i for i, k in enumerate(key) if k is Ellipsis)
+            fill = len(shape) - (len(key) - 1)
+            key = key[:i] + (slice(None),) * fill + key[i + 1 :]
+        if len(key) > len(shape):
+            raise IndexError(f"too many indices: array is {len(shape)}-dimensional, but {len(key)} were indexed")
+        key = key + (slice(None),) * (len(shape) - len(key))
+        self.starts, self.stops, self.steps = [], [], []
+        self.dropped, self.reversed = [], []
+        for dim, (k, n) in enumerate(zip(key, shape)):
+            if isinstance(k, (bool, np.bool_)):
+                raise IndexError("boolean indices are not supported")
+            if isinstance(k, (int, np.integer)):
+                i = int(k)
+                if i < -n or i >= n:
+                    raise IndexError(f"index {i} is out of bounds for axis {dim} with size {n}")
+                i %= n
+                self.starts.append(i)
+                self.stops.append(i + 1)
+                self.steps.append(1)
+                self.dropped.append(dim)
+            elif isinstance(k, slice):
+                start, stop, step = k.indices(n)
+                count = len(range(start, stop, step))
+                if step > 0:
+                    self.starts.append(start)
+                    self.stops.append(start + (count - 1) * step + 1 if count else start)
+                    self.steps.append(step)
+                else:
+                    if count:
+                        first = start + (count - 1) * step
+                        self.starts.append(first)
+                        self.stops.append(start + 1)
+                    else:
+                        self.starts.append(0)
+                        self.stops.append(0)
+                    self.steps.append(-step)
+                    self.reversed.append(dim)
+            else:
+                raise IndexError(
+                    f"unsupported index {k!r} for axis {dim}: zfeed takes integers, slices (with steps) and '...'"
+                )
+        self.counts = [len(range(a, b, s)) for a, b, s in zip(self.starts, self.stops, self.steps)]
+        self.result_shape = tuple(c for d, c in enumerate(self.counts) if d not in self.dropped)
+
+
+class Array:
+    """A Zarr array (v3 or v2). ``arr[...]`` reads into NumPy, ``arr[...] = values`` writes."""
+
+    def __init__(self, core: _core.Array):
+        self._core = core
+        self._dtype = _numpy_dtype(core.data_type)
+
+    # -- description ----------------------------------------------------------------------------
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self._core.shape)
+
+    @property
+    def ndim(self) -> int:
+        return len(self._core.shape)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self._dtype.itemsize
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._dtype
+
+    @property
+    def chunks(self) -> tuple[int, ...]:
+        """The shape of the unit of reading: the inner chunk where the array is sharded."""
+        return tuple(self._core.read_chunk_shape)
+
+    @property
+    def shards(self) -> tuple[int, ...] | None:
+        return tuple(self._core.chunk_shape) if self._core.is_sharded else None
+
+    @property
+    def zarr_format(self) -> int:
+        return self._core.zarr_format
+
+    @property
+    def path(self) -> str:
+        return self._core.path
+
+    @property
+    def name(self) -> str:
+        return "/" + self._core.path
+
+    @property
+    def dimension_names(self) -> tuple[str | None, ...] | None:
+        names = self._core.dimension_names()
+        return tuple(names) if names is not None else None
+
+    @property
+    def fill_value(self):
+        value = json.loads(self._core.fill_value_json())
+        if value is None:
+            return None
+        if isinstance(value, list):
+            return complex(_json_float(value[0]), _json_float(value[1]))
+        if isinstance(value, str):
+            return self._dtype.type(_json_float(value))
+        return self._dtype.type(value)
+
+    @property
+    def codecs(self) -> list[dict]:
+        return json.loads(self._core.codecs_json())
+
+    @property
+    def metadata(self) -> dict:
+        return json.loads(self._core.metadata_json())
+
+    @property
+    def attrs(self) -> "Attributes":
+        return Attributes(self._core)
+
+    def info(self) -> dict:
+        stored, present, total = self._core.storage_info()
+        return {
+            "shape": self.shape,
+            "dtype": str(self._dtype),
+            "chunks": self.chunks,
+            "shards": self.shards,
+            "codecs": self._core.codecs_description,
+            "stored_bytes": stored,
+            "decoded_bytes": self.nbytes,
+            "compression_ratio": (self.nbytes / stored) if stored else None,
+            "objects_present": present,
+            "objects_total": total,
+        }
+
+    def __repr__(self) -> str:
+        shards = f", shards={self.shards}" if self.shards else ""
+        dims = f", dims={self.dimension_names}" if self.dimension_names else ""
+        return (
+            f"<zfeed.Array {self.name} shape={self.shape} dtype={self._dtype}{dims} chunks={self.chunks}{shards} "
+            f"codecs=[{self._core.inner_codecs_description}] zarr_format={self.zarr_format}>"
+        )
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d array")
+        return self.shape[0]
+
+    # -- data -----------------------------------------------------------------------------------
+    def __getitem__(self, key) -> np.ndarray:
+        index = _Index(key, self.shape)
+        out = np.empty(index.counts, dtype=self._dtype)
+        if out.size:
+            self._core.read(index.starts, index.stops, index.steps, out)
+        if index.reversed:
+            out = np.ascontiguousarray(np.flip(out, axis=index.reversed))
+        result = out.reshape(index.result_shape)
+        if result.ndim == 0:
+            return result[()]
+        return result
+
+    def __setitem__(self, key, value) -> None:
+        index = _Index(key, self.shape)
+        values = np.asarray(value)
+        if values.dtype != self._dtype:
+            values = values.astype(self._dtype, casting="unsafe" if values.dtype.kind == self._dtype.kind else "same_kind")
+        values = np.broadcast_to(values, index.result_shape).reshape(index.counts)
+        if index.reversed:
+            values = np.flip(values, axis=index.reversed)
+        values = np.ascontiguousarray(values)
+        if values.size:
+            self._core.write(index.starts, index.stops, index.steps, values)
+
+    def __array__(self, dtype=None, copy=None):
+        data = self[...]
+        return data if dtype is None else data.astype(dtype)
+
+    def read(self) -> np.ndarray:
+        return self[...]
+
+
+def _json_float(value) -> float:
+    if isinstance(value, str):
+        if value.startswith("0x"):
+            bits = int(value, 16)
+            width = (len(value) - 2) * 4
+            kind = {16: np.float16, 32: np.float32, 64: np.float64}[width]
+            return float(np.array([bits], dtype=f"uint{width}").view(kind)[0])
+        return float({"NaN": "nan", "Infinity": "inf", "-Infinity": "-inf"}[value])
+    return float(value)
+
+
+class Attributes(dict):
+    """A dict of the node's attributes; changing it writes the metadata."""
+
+    def __init__(self, core):
+        super().__init__(json.loads(core.attributes_json()))
+        self._core = core
+
+    def _save(self):
+        self._core.set_attributes_json(json.dumps(dict(self)))
+
+    def __setitem__(self, key, value):
+        super().__setitem__(key, value)
+        self._save()
+
+    def __delitem__(self, key):
+        super().__delitem__(key)
+        self._save()
+
+    def update(self, *args, **kwargs):
+        super().update(*args, **kwargs)
+        self._save()
+
+    def put(self, mapping: dict):
+        super().clear()
+        super().update(mapping)
+        self._save()
+
+
+class Group:
+    """A Zarr group: ``group["name"]`` opens a member array or group."""
+
+    def __init__(self, core: _core.Group):
+        self._core = core
+
+    @property
+    def path(self) -> str:
+        return self._core.path
+
+    @property
+    def name(self) -> str:
+        return "/" + self._core.path
+
+    @property
+    def zarr_format(self) -> int:
+        return self._core.zarr_format
+
+    @property
+    def attrs(self) -> Attributes:
+        return Attributes(self._core)
+
+    def keys(self) -> list[str]:
+        return list(self._core.members())
+
+    def __iter__(self):
+        return iter(self.keys())
+
+    def __len__(self):
+        return len(self.keys())
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.keys()
+
+    def __getitem__(self, name: str):
+        parts = [p for p in name.strip("/").split("/") if p]
+        node: Any = self
+        for part in parts:
+            if not isinstance(node, Group):
+                raise KeyError(name)
+            try:
+                node = _wrap(node._core.open_member(part))
+            except _core.NodeNotFoundError:
+                raise KeyError(name) from None
+        return node
+
+    def members(self):
+        return [(name, self[name]) for name in self.keys()]
+
+    def arrays(self):
+        return [(name, node) for name, node in self.members() if isinstance(node, Array)]
+
+    def groups(self):
+        return [(name, node) for name, node in self.members() if isinstance(node, Group)]
+
+    def create_array(self, name: str, **kwargs) -> Array:
+        return create(self._core.store, path=_join(self.path, name), zarr_format=kwargs.pop("zarr_format", self.zarr_format), **kwargs)
+
+    def create_group(self, name: str, attributes: dict | None = None) -> "Group":
+        return create_group(self._core.store, path=_join(self.path, name), attributes=attributes, zarr_format=self.zarr_format)
+
+    def consolidate(self) -> None:
+        """Write consolidated metadata (v3: inline in zarr.json; v2: .zmetadata)."""
+        self._core.consolidate()
+
+    def tree(self) -> str:
+        lines = [self.name]
+
+        def walk(group: Group, indent: str):
+            names = group.keys()
+            for i, name in enumerate(names):
+                last = i == len(names) - 1
+                node = group[name]
+                lines.append(f"{indent}{'└── ' if last else '├── '}{name}" + (f" {node.shape} {node.dtype}" if isinstance(node, Array) else ""))
+                if isinstance(node, Group):
+                    walk(node, indent + ("    " if last else "│   "))
+
+        walk(self, "")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return f"<zfeed.Group {self.name} members={self.keys()} zarr_format={self.zarr_format}>"
+
+
+def _join(prefix: str, name: str) -> str:
+    name = name.strip("/")
+    return f"{prefix}/{name}" if prefix else name
+
+
+def _wrap(node):
+    if isinstance(node, _core.Array):
+        return Array(node)
+    return Group(node)
+
+
+# ---------------------------------------------------------------------------------------------
+# Opening and creating
+
+
+def open(store, path: str | None = None, mode: str = "r"):
+    """Open the array or group at ``store`` (a directory, ``file://`` URL or store object),
+    optionally at ``path`` inside it."""
+    s, p = _split_path(store, path)
+    return _wrap(_core.open_node(s, p))
+
+
+def open_array(store, path: str | None = None) -> Array:
+    s, p = _split_path(store, path)
+    return Array(_core.Array.open(s, p))
+
+
+def open_group(store, path: str | None = None) -> Group:
+    s, p = _split_path(store, path)
+    return Group(_core.Group.open(s, p))
+
+
+def create_group(store, path: str | None = None, attributes: dict | None = None, zarr_format: int = 3,
+                 overwrite: bool = False) -> Group:
+    s = _store(store, create=True)
+    return Group(_core.Group.create(s, path or "", zarr_format, json.dumps(attributes or {}), overwrite))
+
+
+def _compressor_codec(compressor) -> dict | None:
+    """'zstd', 'zstd:3', 'gzip:6', 'blosc:lz4', 'blosc:zstd:5', 'none', None or a codec dict."""
+    if compressor is None or compressor == "none":
+        return None
+    if isinstance(compressor, dict):
+        return compressor
+    name, _, rest = str(compressor).partition(":")
+    if name == "zstd":
+        return {"name": "zstd", "configuration": {"level": int(rest or 3), "checksum": False}}
+    if name == "gzip":
+        return {"name": "gzip", "configuration": {"level": int(rest or 5)}}
+    if name == "blosc":
+        cname, _, level = rest.partition(":")
+        return {"name": "blosc", "configuration": {"cname": cname or "lz4", "clevel": int(level or 5), "shuffle": "shuffle", "blocksize": 0}}
+    if name in ("zlib", "lz4"):
+        key = "level" if name == "zlib" else "acceleration"
+        return {"name": f"numcodecs.{name}", "configuration": {key: int(rest or 1)}}
+    raise ZarrError(f"unknown compressor {compressor!r} (use zstd[:level], gzip[:level], blosc[:cname[:level]], zlib, lz4 or none)")
+
+
+def _v2_compressor(codec: dict | None) -> dict | None:
+    if codec is None:
+        return None
+    name, cfg = codec["name"], codec.get("configuration", {})
+    if name == "zstd":
+        return {"id": "zstd", "level": cfg.get("level", 0), "checksum": cfg.get("checksum", False)}
+    if name == "gzip":
+        return {"id": "gzip", "level": cfg.get("level", 1)}
+    if name == "blosc":
+        shuffle = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}.get(cfg.get("shuffle", "noshuffle"), cfg.get("shuffle"))
+        return {"id": "blosc", "cname": cfg.get("cname", "lz4"), "clevel": cfg.get("clevel", 5), "shuffle": shuffle,
+                "blocksize": cfg.get("blocksize", 0)}
+    if name == "numcodecs.zlib":
+        return {"id": "zlib", "level": cfg.get("level", 1)}
+    if name == "numcodecs.lz4":
+        return {"id": "lz4", "acceleration": cfg.get("acceleration", 1)}
+    raise ZarrError(f"codec {name} has no Zarr v2 compressor form")
+
+
+def _fill_json(fill_value, dtype: np.dtype):
+    if fill_value is None:
+        return False if dtype.kind == "b" else 0
+    if dtype.kind == "c":
+        value = complex(fill_value)
+        return [_float_json(value.real), _float_json(value.imag)]
+    if dtype.kind == "b":
+        return bool(fill_value)
+    if dtype.kind in "iu":
+        return int(fill_value)
+    return _float_json(float(fill_value))
+
+
+def _float_json(value: float):
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "Infinity" if value > 0 else "-Infinity"
+    return value
+
+
+def create(store, shape: Sequence[int] | int, dtype="float32", chunks: Sequence[int] | None = None,
+           shards: Sequence[int] | None = None, compressor: Any = "zstd:3", codecs: list | None = None,
+           fill_value=None, dimension_names: Iterable[str | None] | None = None, attributes: dict | None = None,
+           zarr_format: int = 3, chunk_key_encoding: str | None = None, order: str = "C",
+           path: str | None = None, overwrite: bool = False, data=None) -> Array:
+    """Create an array.
+
+    ``chunks`` is the chunk shape (the inner chunk shape when ``shards`` is given); it defaults to
+    the whole array. ``codecs`` (v3) replaces the default chain ``bytes`` + ``compressor``: give
+    the full list of codecs of one chunk (inside a shard, where sharded). ``data``, if given, is
+    written after creation.
+    """
+    if isinstance(shape, (int, np.integer)):
+        shape = (int(shape),)
+    shape = tuple(int(s) for s in shape)
+    if any(s < 0 for s in shape):
+        raise ZarrError(f"shape must not be negative, got {shape}")
+    if chunks is None:
+        chunks = tuple(max(1, s) for s in shape)
+    if isinstance(chunks, (int, np.integer)):
+        chunks = (int(chunks),) * len(shape)
+    chunks = tuple(int(c) for c in chunks)
+    dtype_name = _zarr_dtype_name(dtype)
+    np_dtype = _numpy_dtype(dtype_name)
+    s = _store(store, create=True)
+    names = list(dimension_names) if dimension_names is not None else None
+    codec = _compressor_codec(compressor)
+
+    if zarr_format == 2:
+        if shards is not None:
+            raise ZarrError("Zarr v2 has no sharding")
+        if codecs is not None:
+            raise ZarrError("Zarr v2 takes a compressor, not a codec list")
+        zarray = {
+            "zarr_format": 2,
+            "shape": list(shape),
+            "chunks": list(chunks),
+            "dtype": np_dtype.str if np_dtype.itemsize > 1 else "|" + np_dtype.str[1:],
+            "compressor": _v2_compressor(codec),
+            "fill_value": _fill_json(fill_value, np_dtype) if fill_value is not None or True else None,
+            "order": order,
+            "filters": None,
+            "dimension_separator": chunk_key_encoding or ".",
+        }
+        zattrs = dict(attributes or {})
+        if names is not None:
+            zattrs["_ARRAY_DIMENSIONS"] = names
+        core = _core.Array.create(s, path or "", json.dumps(zarray), json.dumps(zattrs), overwrite)
+    else:
+        endian = {"name": "bytes", "configuration": {"endian": "little"}} if np_dtype.itemsize > 1 else {"name": "bytes"}
+        if codecs is None:
+            chain = [endian] + ([codec] if codec else [])
+            if order == "F" and len(shape) > 1:
+                chain = [{"name": "transpose", "configuration": {"order": list(range(len(shape)))[::-1]}}] + chain
+        else:
+            chain = list(codecs)
+        if shards is not None:
+            shards = tuple(int(x) for x in shards)
+            chain = [{
+                "name": "sharding_indexed",
+                "configuration": {
+                    "chunk_shape": list(chunks),
+                    "codecs": chain,
+                    "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}],
+                    "index_location": "end",
+                },
+            }]
+            grid_chunks = shards
+        else:
+            grid_chunks = chunks
+        separator = chunk_key_encoding or "/"
+        meta = {
+            "zarr_format": 3,
+            "node_type": "array",
+            "shape": list(shape),
+            "data_type": dtype_name,
+            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": list(grid_chunks)}},
+            "chunk_key_encoding": {"name": "default", "configuration": {"separator": separator}},
+            "fill_value": _fill_json(fill_value, np_dtype),
+            "codecs": chain,
+            "attributes": dict(attributes or {}),
+        }
+        if names is not None:
+            meta["dimension_names"] = names
+        core = _core.Array.create(s, path or "", json.dumps(meta), "", overwrite)
+    array = Array(core)
+    if data is not None:
+        array[...] = data
+    return array
