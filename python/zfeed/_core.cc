@@ -39,8 +39,10 @@ uint64_t selection_bytes(const Array& array, const zfeed::zarr::Selection& selec
 }
 
 using Buffer = nb::ndarray<nb::c_contig, nb::device::cpu>;
+using ReadOnlyBuffer = nb::ndarray<nb::ro, nb::c_contig, nb::device::cpu>;
 
-void check_buffer(const Buffer& buffer, uint64_t expected, const char* what) {
+template <typename AnyBuffer>
+void check_buffer(const AnyBuffer& buffer, uint64_t expected, const char* what) {
   uint64_t nbytes = buffer.nbytes();
   if (nbytes != expected) {
     throw zfeed::Error(std::string(what) + " buffer holds " + std::to_string(nbytes) + " bytes, the selection needs " +
@@ -150,9 +152,26 @@ NB_MODULE(_core, m) {
           },
           "starts"_a, "stops"_a, "steps"_a, "out"_a)
       .def(
+          "read_many",
+          [](const Array& a, const std::vector<std::vector<std::vector<uint64_t>>>& selections,
+             std::vector<Buffer> outs) {
+            if (selections.size() != outs.size()) throw zfeed::Error("read_many: selections and outputs differ in number");
+            std::vector<zfeed::zarr::Selection> parsed;
+            std::vector<void*> pointers;
+            for (size_t i = 0; i < selections.size(); ++i) {
+              if (selections[i].size() != 3) throw zfeed::Error("read_many: each selection is (starts, stops, steps)");
+              parsed.push_back(make_selection(selections[i][0], selections[i][1], selections[i][2]));
+              check_buffer(outs[i], selection_bytes(a, parsed.back()), "output");
+              pointers.push_back(outs[i].data());
+            }
+            nb::gil_scoped_release release;
+            a.read_many(parsed, pointers);
+          },
+          "selections"_a, "outs"_a)
+      .def(
           "write",
           [](const Array& a, const std::vector<uint64_t>& starts, const std::vector<uint64_t>& stops,
-             const std::vector<uint64_t>& steps, Buffer in) {
+             const std::vector<uint64_t>& steps, ReadOnlyBuffer in) {
             auto selection = make_selection(starts, stops, steps);
             check_buffer(in, selection_bytes(a, selection), "input");
             const void* data = in.data();

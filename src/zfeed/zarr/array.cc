@@ -335,32 +335,51 @@ std::string Array::chunk_key(std::span<const uint64_t> chunk_index) const {
   return join_key(path_, metadata_->key_encoding.encode(chunk_index));
 }
 
-void Array::read(const Selection& selection, void* out_ptr) const {
+void Array::read(const Selection& selection, void* out) const {
+  read_many({&selection, 1}, {&out, 1});
+}
+
+void Array::read_many(std::span<const Selection> selections, std::span<void* const> outs) const {
   const ArrayMetadata& meta = *metadata_;
-  check_selection(selection, meta);
-  uint8_t* out = static_cast<uint8_t*>(out_ptr);
+  if (selections.size() != outs.size()) throw Error("read_many: selections and outputs differ in number");
   const size_t rank = meta.rank();
-  std::vector<uint64_t> out_shape(rank);
-  Plan plan;
-  for (size_t d = 0; d < rank; ++d) {
-    out_shape[d] = selection[d].count();
-    if (out_shape[d] == 0) return;
-    plan.pieces.push_back(split(selection[d], meta.chunk_shape[d]));
+  struct Request {
+    const Selection* selection;
+    uint8_t* out;
+    std::vector<uint64_t> out_shape;
+    Plan plan;
+  };
+  std::vector<Request> requests;
+  std::vector<uint64_t> first_task{0};  // prefix sums of the task counts
+  for (size_t i = 0; i < selections.size(); ++i) {
+    check_selection(selections[i], meta);
+    Request request{&selections[i], static_cast<uint8_t*>(outs[i]), std::vector<uint64_t>(rank), {}};
+    bool empty = false;
+    for (size_t d = 0; d < rank; ++d) {
+      request.out_shape[d] = selections[i][d].count();
+      empty = empty || request.out_shape[d] == 0;
+      request.plan.pieces.push_back(split(selections[i][d], meta.chunk_shape[d]));
+    }
+    if (empty) continue;
+    first_task.push_back(first_task.back() + request.plan.size());
+    requests.push_back(std::move(request));
   }
-  ThreadPool::shared().parallel_for(plan.size(), [&](size_t task) {
+  ThreadPool::shared().parallel_for(first_task.back(), [&](size_t task) {
+    size_t r = std::upper_bound(first_task.begin(), first_task.end(), task) - first_task.begin() - 1;
+    const Request& request = requests[r];
     std::vector<const Piece*> pieces;
-    plan.task(task, pieces);
+    request.plan.task(task - first_task[r], pieces);
     std::vector<uint64_t> chunk_index(rank), out_start(rank);
     Region region;
     for (size_t d = 0; d < rank; ++d) {
       chunk_index[d] = pieces[d]->chunk;
       out_start[d] = pieces[d]->out_start;
       region.start.push_back(pieces[d]->start);
-      region.step.push_back(selection[d].step);
+      region.step.push_back((*request.selection)[d].step);
       region.count.push_back(pieces[d]->count);
     }
     Source source{*store_, chunk_key(chunk_index)};
-    read_region(*chain_, source, region, out, out_shape, out_start);
+    read_region(*chain_, source, region, request.out, request.out_shape, out_start);
   });
 }
 

@@ -50,6 +50,9 @@ class Array {
   Selection full_selection() const;
   // Reads `selection` into `out`: a dense C-order buffer of the selection's shape, native order.
   void read(const Selection& selection, void* out) const;
+  // Reads several selections at once (a batch of samples, or random chunks), decoding the
+  // chunks of all of them in one parallel pass: outs[i] receives selections[i].
+  void read_many(std::span<const Selection> selections, std::span<void* const> outs) const;
   // Writes `in` (dense, C order, the selection's shape) into the selection. Chunks left holding
   // only the fill value are removed.
   void write(const Selection& selection, const void* in) const;
