@@ -271,7 +271,10 @@ class Array:
         index = _Index(key, self.shape)
         values = np.asarray(value)
         if values.dtype != self._dtype:
-            values = values.astype(self._dtype, casting="unsafe" if values.dtype.kind == self._dtype.kind else "same_kind")
+            # Within one kind (and between signed and unsigned integers: arr[...] = 1 on uint8) cast as
+            # NumPy assignment does; across kinds (float into int) only where NumPy calls it safe.
+            same_kind = values.dtype.kind == self._dtype.kind or (values.dtype.kind + self._dtype.kind) in ("iu", "ui")
+            values = values.astype(self._dtype, casting="unsafe" if same_kind else "same_kind")
         values = np.broadcast_to(values, index.result_shape).reshape(index.counts)
         if index.reversed:
             values = np.flip(values, axis=index.reversed)
@@ -480,7 +483,8 @@ def _v2_compressor(codec: dict | None) -> dict | None:
         return None
     name, cfg = codec["name"], codec.get("configuration", {})
     if name == "zstd":
-        return {"id": "zstd", "level": cfg.get("level", 0), "checksum": cfg.get("checksum", False)}
+        # numcodecs leaves out checksum=False (its default), and tensorstore rejects the member.
+        return {"id": "zstd", "level": cfg.get("level", 0), **({"checksum": True} if cfg.get("checksum") else {})}
     if name == "gzip":
         return {"id": "gzip", "level": cfg.get("level", 1)}
     if name == "blosc":
@@ -496,7 +500,7 @@ def _v2_compressor(codec: dict | None) -> dict | None:
 
 def _fill_json(fill_value, dtype: np.dtype):
     if fill_value is None:
-        return False if dtype.kind == "b" else 0
+        return False if dtype.kind == "b" else [0.0, 0.0] if dtype.kind == "c" else 0
     if dtype.kind == "c":
         value = complex(fill_value)
         return [_float_json(value.real), _float_json(value.imag)]

@@ -4,6 +4,7 @@
 
 #include "zfeed/util/box_copy.h"
 #include "zfeed/util/error.h"
+#include "zfeed/util/scratch.h"
 #include "zfeed/util/thread_pool.h"
 
 namespace zfeed {
@@ -34,6 +35,8 @@ ShardingCodec::ShardingCodec(const ChunkSpec& shard_spec, std::vector<uint64_t> 
   inner_ = CodecChain::from_json(codecs, ChunkSpec{shard_spec.dtype, inner_shape_, shard_spec.fill});
   std::vector<uint64_t> index_shape = chunks_per_shard_;
   index_shape.push_back(2);
+  // Two uint64 per inner chunk: the index's byte count must fit 64 bits like any chunk's.
+  checked_product(index_shape, sizeof(uint64_t), "codec sharding_indexed: the shard index");
   index_chain_ = CodecChain::from_json(index_codecs, ChunkSpec{DataType{DataTypeId::kUInt64}, index_shape, {}});
   auto size = index_chain_.encoded_size();
   if (!size) {
@@ -118,8 +121,8 @@ void ShardingCodec::decode(ByteView encoded, const ChunkSpec& spec, uint8_t* out
       if (contiguous) {
         inner_.decode(bytes, out + chunk * inner_bytes);
       } else {
-        thread_local Bytes scratch;
-        scratch.resize(inner_bytes);
+        // Not a single thread_local buffer: a nested shard decodes on this thread too.
+        ScratchBuffer scratch(inner_bytes);
         inner_.decode(bytes, scratch.data());
         std::vector<uint64_t> zero(inner_shape_.size(), 0);
         copy_box(scratch.data(), BoxRef{inner_shape_, zero}, out, dst, inner_shape_, item);

@@ -138,8 +138,10 @@ void read_region(const CodecChain& chain, const Source& source, const Region& re
     if (!source.fetch(index_range, index_bytes.bytes())) return fill_region();
     ShardIndex index;
     try {
-      index = sharding->decode_index(index_bytes.bytes(),
-                                     source.windowed ? std::optional<uint64_t>(source.length) : std::nullopt);
+      // Bound every entry by the shard's size, so a corrupt index is reported as such.
+      std::optional<uint64_t> shard_size = source.windowed ? std::optional<uint64_t>(source.length)
+                                                           : source.store.size(source.key);
+      index = sharding->decode_index(index_bytes.bytes(), shard_size);
     } catch (...) {
       rethrow_with_context(source.where());
     }

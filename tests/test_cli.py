@@ -1,0 +1,147 @@
+"""The `zfeed` command: `zfeed info PATH` (and `--json`) on a sharded v3 store, a v2 store and the
+shared ECMWF store; a missing path fails with a clear message."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import zfeed
+
+from conftest import SHARED
+
+
+def _zfeed_command() -> str:
+    beside = Path(sys.executable).parent / "zfeed"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("zfeed")
+    if not found:
+        pytest.skip("the zfeed command is not installed (make python)")
+    return found
+
+
+def run(*args, ok=True) -> subprocess.CompletedProcess:
+    result = subprocess.run([_zfeed_command(), *map(str, args)], capture_output=True, text=True, timeout=120)
+    if ok:
+        assert result.returncode == 0, f"zfeed {' '.join(map(str, args))} failed ({result.returncode}): {result.stderr}"
+    return result
+
+
+@pytest.fixture
+def v3_sharded(tmp_path) -> Path:
+    root = tmp_path / "v3.zarr"
+    group = zfeed.create_group(root, attributes={"title": "test"})
+    t = group.create_array("t2m", shape=(10, 12), chunks=(3, 5), shards=(6, 10), dtype="float32",
+                           compressor="zstd:3", dimension_names=["lat", "lon"])
+    t[...] = np.linspace(250, 300, 120, dtype="float32").reshape(10, 12)
+    levels = group.create_group("levels")
+    z = levels.create_array("z", shape=(2, 8), chunks=(1, 8), dtype="int16", compressor="gzip:5")
+    z[0] = np.arange(8)  # the second chunk is missing
+    return root
+
+
+@pytest.fixture
+def v2_store(tmp_path) -> Path:
+    root = tmp_path / "v2.zarr"
+    group = zfeed.create_group(root, zarr_format=2)
+    arr = group.create_array("u", shape=(5, 7), chunks=(2, 3), dtype="int16", compressor="blosc:lz4",
+                             dimension_names=["y", "x"])
+    arr[...] = np.ones((5, 7), "int16")
+    return root
+
+
+def test_info_v3_sharded(v3_sharded):
+    out = run("info", v3_sharded).stdout
+    assert "t2m" in out and "levels" in out and "z" in out
+    assert "float32" in out and "int16" in out
+    assert "lat=10" in out and "lon=12" in out  # shape with dims
+    assert "chunks 3x5" in out and "shards 6x10" in out
+    assert "zstd" in out and "gzip" in out
+    assert "stored" in out and "decoded" in out and "ratio" in out
+    assert "480 B decoded" in out  # 10 x 12 float32
+    assert "1 of 2 chunks" in out  # the missing chunk of z
+
+
+def test_info_v2(v2_store):
+    out = run("info", v2_store).stdout
+    assert "zarr v2" in out and "int16" in out and "y=5" in out and "x=7" in out
+    assert "chunks 2x3" in out and "blosc" in out and "ratio" in out
+
+
+def test_info_single_array(v2_store):
+    out = run("info", v2_store / "u").stdout
+    assert "int16" in out and "chunks 2x3" in out
+
+
+def test_info_ecmwf(shared):
+    path = shared / "data" / "ecmwf-t-z-2007-01-01.zarr"
+    if not path.is_dir():
+        pytest.skip("ECMWF store absent")
+    out = run("info", path).stdout
+    for name in ["t", "z", "latitude", "longitude", "level", "time"]:
+        assert f" {name} " in out, name
+    assert "time=1, level=2, latitude=181, longitude=360" in out
+    assert "consolidated" in out and "blosc" in out and "lz4" in out and "ratio" in out
+    assert "chunks 1x1x181x360" in out
+
+
+def test_info_json(v3_sharded, v2_store):
+    doc = json.loads(run("info", "--json", v3_sharded).stdout)
+    assert doc["node_type"] == "group" and doc["zarr_format"] == 3
+    members = {m["name"]: m for m in doc["members"]}
+    t = members["t2m"]
+    assert t["shape"] == [10, 12] and t["data_type"] == "float32" and t["dimension_names"] == ["lat", "lon"]
+    assert t["chunk_shape"] == [3, 5] and t["shard_shape"] == [6, 10]
+    assert "zstd" in t["codecs"] and "sharding_indexed" in t["shard_codecs"]
+    assert t["decoded_bytes"] == 480 and t["stored_bytes"] > 0
+    assert t["compression_ratio"] == pytest.approx(t["decoded_bytes"] / t["stored_bytes"])
+    assert t["objects_present"] == t["objects_total"] == 4
+    z = {m["name"]: m for m in members["levels"]["members"]}["z"]
+    assert z["objects_present"] == 1 and z["objects_total"] == 2
+
+    v2 = json.loads(run("info", "--json", v2_store).stdout)
+    assert v2["zarr_format"] == 2 and v2["members"][0]["dimension_names"] == ["y", "x"]
+
+    ecmwf = SHARED / "data" / "ecmwf-t-z-2007-01-01.zarr"
+    if ecmwf.is_dir():  # the shared data exists on the project machines
+        doc = json.loads(run("info", "--json", ecmwf).stdout)
+        members = {m["name"]: m for m in doc["members"]}
+        assert members["t"]["shape"] == [1, 2, 181, 360] and members["t"]["data_type"] == "int16"
+        assert members["t"]["dimension_names"] == ["time", "level", "latitude", "longitude"]
+        assert members["t"]["decoded_bytes"] == 2 * 181 * 360 * 2
+
+
+def test_info_missing_path(tmp_path):
+    missing = tmp_path / "no-such.zarr"
+    result = run("info", missing, ok=False)
+    assert result.returncode != 0
+    assert str(missing) in result.stderr and "no zarr" in result.stderr.lower()
+    assert "Traceback" not in result.stderr and not result.stdout.strip()
+
+
+def test_info_not_zarr(tmp_path):
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "file.txt").write_text("hello")
+    result = run("info", tmp_path / "plain", ok=False)
+    assert result.returncode != 0 and "zarr" in result.stderr.lower()
+
+
+def test_info_broken_metadata(tmp_path):
+    path = tmp_path / "a.zarr"
+    zfeed.create(path, shape=(4,), dtype="int8")
+    (path / "zarr.json").write_text("{broken")
+    result = run("info", path, ok=False)
+    assert result.returncode != 0 and "zarr.json" in result.stderr and "json" in result.stderr.lower()
+
+
+def test_help_and_unknown_verb():
+    assert "info" in run("--help").stdout
+    result = run("frobnicate", ok=False)
+    assert result.returncode != 0
