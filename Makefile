@@ -15,11 +15,11 @@ all: build python
 deps:
 	scripts/install-deps
 
-build/debug/build.ninja:
-	cmake -S . -B build/debug -G Ninja -DCMAKE_BUILD_TYPE=Debug -DZFEED_SANITIZE=ON -DZFEED_BUILD_TESTS=ON
-
 # The sanitized build: C++ tests, the zfeed command and the benchmark helpers under ASan + UBSan.
-build: build/debug/build.ninja
+# Configured every time (cheap), so the options always hold.
+build:
+	cmake -S . -B build/debug -G Ninja -DCMAKE_BUILD_TYPE=Debug -DZFEED_SANITIZE=ON -DZFEED_BUILD_TESTS=ON \
+	  -DZFEED_BUILD_TOOLS=ON -DZFEED_BUILD_BENCH=ON -DZFEED_FUZZ=OFF > /dev/null
 	ninja -C build/debug -j $(JOBS)
 
 # The Python package (Release, no sanitizers) and the zfeed command, installed into .venv.

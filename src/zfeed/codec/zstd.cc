@@ -34,6 +34,27 @@ ZSTD_CCtx* thread_cctx() {
               ZSTD_getErrorName(code) + ")");
 }
 
+// The decoded size of the whole stream when every frame states its own (skippable frames count
+// 0), else ZSTD_CONTENTSIZE_UNKNOWN. libzstd's one-shot and streaming decoders do not reject
+// the same corrupt input (streaming accepts an empty compressed block, which one-shot calls
+// corruption: facebook/zstd#3775), so decode and decode_into choose between them by this one
+// rule and agree on every input.
+unsigned long long stream_content_size(ByteView encoded) {
+  if (encoded.empty()) return ZSTD_CONTENTSIZE_ERROR;
+  unsigned long long total = 0;
+  for (size_t pos = 0; pos < encoded.size();) {
+    size_t frame = ZSTD_findFrameCompressedSize(encoded.data() + pos, encoded.size() - pos);
+    if (ZSTD_isError(frame)) return pos == 0 ? ZSTD_CONTENTSIZE_ERROR : ZSTD_CONTENTSIZE_UNKNOWN;
+    unsigned long long content = ZSTD_getFrameContentSize(encoded.data() + pos, frame);
+    if (content == ZSTD_CONTENTSIZE_ERROR || content == ZSTD_CONTENTSIZE_UNKNOWN ||
+        __builtin_add_overflow(total, content, &total)) {
+      return pos == 0 && content == ZSTD_CONTENTSIZE_ERROR ? ZSTD_CONTENTSIZE_ERROR : ZSTD_CONTENTSIZE_UNKNOWN;
+    }
+    pos += frame;
+  }
+  return total;
+}
+
 class ZstdCodec final : public BytesToBytesCodec {
  public:
   ZstdCodec(int level, bool checksum) : level_(level), checksum_(checksum) {}
@@ -87,7 +108,7 @@ class ZstdCodec final : public BytesToBytesCodec {
   }
 
   void decode_into(ByteView encoded, MutableByteView out) const override {
-    unsigned long long content = ZSTD_getFrameContentSize(encoded.data(), encoded.size());
+    unsigned long long content = stream_content_size(encoded);
     if (content == ZSTD_CONTENTSIZE_ERROR) {
       throw Error("zstd: not a zstd frame (" + std::to_string(encoded.size()) + " bytes)");
     }
@@ -120,7 +141,7 @@ class ZstdCodec final : public BytesToBytesCodec {
   }
 
   Bytes decode(ByteView encoded, uint64_t max_size) const override {
-    unsigned long long content = ZSTD_getFrameContentSize(encoded.data(), encoded.size());
+    unsigned long long content = stream_content_size(encoded);
     if (content == ZSTD_CONTENTSIZE_ERROR) {
       throw Error("zstd: not a zstd frame (" + std::to_string(encoded.size()) + " bytes)");
     }
@@ -131,6 +152,11 @@ class ZstdCodec final : public BytesToBytesCodec {
                     std::to_string(max_size));
       }
       capacity = max_size;
+    }
+    if (content != ZSTD_CONTENTSIZE_UNKNOWN) {  // the same decoder decode_into uses
+      Bytes out(content);
+      decode_into(encoded, out.mutable_view());
+      return out;
     }
     for (;;) {
       Bytes out(capacity);

@@ -182,6 +182,7 @@ class FileStore final : public Store {
     std::string dir_key(prefix.substr(0, prefix.rfind('/') == std::string_view::npos
                                              ? 0
                                              : prefix.rfind('/')));
+    if (!dir_key.empty()) check_key(dir_key);
     std::vector<std::string> keys;
     walk(dir_key, [&](const std::string& key) {
       if (key.starts_with(prefix)) keys.push_back(key);
@@ -191,6 +192,7 @@ class FileStore final : public Store {
   }
 
   std::vector<std::string> list_dir(std::string_view prefix) const override {
+    if (!prefix.empty()) check_key(prefix.substr(0, prefix.size() - 1));
     std::string dir = prefix.empty() ? root_ : path_of(prefix.substr(0, prefix.size() - 1));
     std::vector<std::string> names;
     DIR* handle = ::opendir(dir.c_str());

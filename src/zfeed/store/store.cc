@@ -57,7 +57,9 @@ std::vector<std::string> Store::list_dir(std::string_view prefix) const {
 
 void Store::check_key(std::string_view key) {
   auto fail = [&](const char* why) {
-    throw Error("invalid key \"" + std::string(key) + "\": " + why);
+    std::string shown;  // a NUL would cut the message short
+    for (char c : key) shown += c == '\0' ? std::string("\\0") : std::string(1, c);
+    throw Error("invalid key \"" + shown + "\": " + why);
   };
   if (key.empty()) fail("empty");
   if (key.front() == '/') fail("absolute paths are not allowed");

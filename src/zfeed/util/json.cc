@@ -6,12 +6,51 @@
 
 namespace zfeed {
 
+namespace {
+
+// nlohmann's parser is iterative, but copying, dumping, comparing and freeing a document recurse
+// once per nesting level, so a deeply nested document (attributes of "[[[[...") would overflow
+// the stack. No metadata needs more than a few levels.
+constexpr size_t kMaxJsonDepth = 512;
+
+void check_depth(std::string_view text, std::string_view where) {
+  size_t depth = 0;
+  bool in_string = false, escaped = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > kMaxJsonDepth) {
+        throw Error(std::string(where) + ": JSON nested deeper than " + std::to_string(kMaxJsonDepth) +
+                    " levels at byte " + std::to_string(i));
+      }
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+}
+
+}  // namespace
+
 Json parse_json(std::string_view text, std::string_view where) {
+  check_depth(text, where);
   try {
     return Json::parse(text.begin(), text.end());
   } catch (const nlohmann::json::parse_error& e) {
     throw Error(std::string(where) + ": invalid JSON at byte " + std::to_string(e.byte) + " of " +
                 std::to_string(text.size()));
+  } catch (const nlohmann::json::exception& e) {
+    // Valid syntax the parser still refuses: a number too large for a double ("1e999").
+    throw Error(std::string(where) + ": invalid JSON (" + e.what() + ")");
   }
 }
 

@@ -192,7 +192,8 @@ Json ArrayMetadata::to_json_v3() const {
   json["data_type"] = dtype.name();
   json["chunk_grid"] = {{"name", "regular"}, {"configuration", {{"chunk_shape", chunk_shape}}}};
   json["chunk_key_encoding"] = key_encoding.to_json();
-  json["fill_value"] = fill_value_to_json(fill_value, dtype);
+  // v3 requires a fill value; v2's null one means missing chunks read as zeros.
+  json["fill_value"] = fill_value_to_json(fill_value.is_null ? FillValue{} : fill_value, dtype);
   json["codecs"] = codec_chain().to_json();
   json["attributes"] = attributes;
   if (dimension_names) {

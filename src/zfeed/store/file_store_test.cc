@@ -1,0 +1,207 @@
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "zfeed/store/store.h"
+#include "zfeed/util/error.h"
+#include "zfeed/util/testing.h"
+
+namespace zfeed {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::error_of;
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// Every regular file below `dir`, relative to it.
+std::vector<std::string> files_below(const std::string& dir) {
+  std::vector<std::string> files;
+  for (const auto& entry : fs::recursive_directory_iterator(dir)) {
+    if (entry.is_regular_file()) files.push_back(fs::relative(entry.path(), dir).string());
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+TEST(FileStore, KeysAreFilesUnderTheRoot) {
+  testing::TempDir dir;
+  auto store = make_file_store(dir.path());
+  EXPECT_EQ(store->url(), "file://" + dir.path());
+  store->set("arr/c/0/1", as_bytes("chunk"));
+  EXPECT_EQ(read_file(dir / "arr/c/0/1"), "chunk");
+  // Files written by others are visible.
+  std::ofstream(dir / "other.json") << "{}";
+  EXPECT_EQ(store->get("other.json")->as_string(), "{}");
+}
+
+TEST(FileStore, RootWithTrailingSlashAndRelativeRootAreNormalized) {
+  testing::TempDir dir;
+  auto store = make_file_store(dir.path() + "///");
+  EXPECT_EQ(store->url(), "file://" + dir.path());
+}
+
+TEST(FileStore, CreateOptionMakesTheRoot) {
+  testing::TempDir dir;
+  FileStoreOptions options;
+  options.create = true;
+  auto store = make_file_store(dir / "new/deeper", options);
+  EXPECT_TRUE(fs::is_directory(dir / "new/deeper"));
+  EXPECT_TRUE(store->list("").empty());
+}
+
+TEST(FileStore, WritesLeaveNoTemporaryFiles) {
+  testing::TempDir dir;
+  auto store = make_file_store(dir.path());
+  for (int i = 0; i < 20; ++i)
+    store->set("a/k" + std::to_string(i % 3), as_bytes(std::string(i * 100, 'x')));
+  EXPECT_EQ(files_below(dir.path()), (std::vector<std::string>{"a/k0", "a/k1", "a/k2"}));
+}
+
+TEST(FileStore, WrittenFilesGetOrdinaryPermissions) {
+  testing::TempDir dir;
+  auto store = make_file_store(dir.path());
+  store->set("k", as_bytes("v"));
+  mode_t mask = ::umask(0);
+  ::umask(mask);
+  struct stat info {};
+  ASSERT_EQ(::stat((dir / "k").c_str(), &info), 0);
+  EXPECT_EQ(info.st_mode & 0777, 0666 & ~mask);  // not mkstemp's 0600
+}
+
+TEST(FileStore, TemporaryFilesAreNotListed) {
+  testing::TempDir dir;
+  auto store = make_file_store(dir.path());
+  store->set("g/k", as_bytes("v"));
+  // A temporary file left by a killed writer.
+  std::ofstream(dir / "g/.k.zfeed-tmp-abc123") << "torn";
+  EXPECT_EQ(store->list(""), (std::vector<std::string>{"g/k"}));
+  EXPECT_EQ(store->list_dir("g/"), (std::vector<std::string>{"k"}));
+}
+
+TEST(FileStore, FailedWriteKeepsOldValueAndLeavesNoTemp) {
+  // The rename fails because the key names a non-empty directory: the temporary file must be
+  // removed and nothing else changed.
+  testing::TempDir dir;
+  auto store = make_file_store(dir.path());
+  store->set("d/inner", as_bytes("inner value"));
+  std::string message = error_of([&] { store->set("d", as_bytes("new")); });
+  EXPECT_CONTAINS(message, "file://" + dir.path() + "/d");
+  EXPECT_EQ(store->get("d/inner")->as_string(), "inner value");
+  EXPECT_EQ(files_below(dir.path()), (std::vector<std::string>{"d/inner"}));
+}
+
+TEST(FileStore, WriteThatFailsMidwayKeepsOldValue) {
+  // A write that fails part-way (the file size limit stops it, as a full disk would) must leave
+  // the old value intact and no temporary file behind.
+  testing::TempDir dir;
+  auto store = make_file_store(dir.path());
+  store->set("c/0", as_bytes("old value"));
+  struct rlimit old_limit {};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old_limit), 0);
+  auto old_handler = ::signal(SIGXFSZ, SIG_IGN);
+  struct rlimit limit = old_limit;
+  limit.rlim_cur = 4096;
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &limit), 0);
+  std::string big(1 << 20, 'n');
+  std::string message;
+  try {
+    store->set("c/0", as_bytes(big));
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  ::setrlimit(RLIMIT_FSIZE, &old_limit);
+  ::signal(SIGXFSZ, old_handler);
+  EXPECT_CONTAINS(message, "c/0");
+  EXPECT_CONTAINS(message, "write failed");
+  EXPECT_EQ(store->get("c/0")->as_string(), "old value");
+  EXPECT_EQ(files_below(dir.path()), (std::vector<std::string>{"c/0"}));
+}
+
+TEST(FileStore, WriteIntoAPathBelowAFileFails) {
+  testing::TempDir dir;
+  auto store = make_file_store(dir.path());
+  store->set("f", as_bytes("file"));
+  std::string message = error_of([&] { store->set("f/child", as_bytes("x")); });
+  EXPECT_CONTAINS(message, "f/child");
+  EXPECT_EQ(store->get("f")->as_string(), "file");
+}
+
+TEST(FileStore, ReadersSeeOldOrNewNeverAMix) {
+  testing::TempDir dir;
+  auto store = make_file_store(dir.path());
+  const std::string a(1 << 16, 'a'), b(1 << 16, 'b');
+  store->set("k", as_bytes(a));
+  std::atomic<bool> stop{false};
+  std::thread writer([&] {
+    for (int i = 0; i < 200 && !stop; ++i) store->set("k", as_bytes(i % 2 ? b : a));
+  });
+  int torn = 0;
+  for (int i = 0; i < 300; ++i) {
+    auto value = store->get("k");
+    ASSERT_TRUE(value.has_value());
+    std::string_view text = value->as_string();
+    if (text != a && text != b) ++torn;
+  }
+  stop = true;
+  writer.join();
+  EXPECT_EQ(torn, 0);
+}
+
+TEST(FileStore, ErasePrefixRemovesDirectoryAndRootContents) {
+  testing::TempDir dir;
+  auto store = make_file_store(dir.path());
+  store->set("a/b/c", as_bytes("1"));
+  store->set("a/d", as_bytes("2"));
+  store->set("e", as_bytes("3"));
+  store->erase_prefix("a/");
+  EXPECT_FALSE(fs::exists(dir / "a"));
+  EXPECT_EQ(store->list(""), (std::vector<std::string>{"e"}));
+  store->erase_prefix("");
+  EXPECT_TRUE(fs::is_directory(dir.path())) << "the root itself stays";
+  EXPECT_TRUE(store->list("").empty());
+}
+
+TEST(FileStore, ListingsDoNotClimbOutOfTheRoot) {
+  testing::TempDir dir;
+  std::ofstream(dir / "secret") << "outside";
+  FileStoreOptions options;
+  options.create = true;
+  auto store = make_file_store(dir / "root", options);
+  store->set("k", as_bytes("v"));
+  EXPECT_THROW(store->list_dir("../"), Error);
+  EXPECT_THROW(store->list("../s"), Error);
+  EXPECT_THROW(store->erase_prefix("../"), Error);
+  EXPECT_TRUE(fs::exists(dir / "secret"));
+}
+
+TEST(FileStore, ReadIntoReadsInPlace) {
+  testing::TempDir dir;
+  auto store = make_file_store(dir.path());
+  Bytes value = testing::pseudo_random_bytes(100000, 7);
+  store->set("big", value);
+  Bytes out(value.size());
+  ASSERT_TRUE(store->read_into("big", out.mutable_view()));
+  EXPECT_TRUE(testing::same_bytes(out.data(), value.data(), value.size()));
+  Bytes range;
+  ASSERT_TRUE(store->get_into("big", ByteRange::range(99990, 10), range));
+  EXPECT_TRUE(testing::same_bytes(range.data(), value.data() + 99990, 10));
+}
+
+TEST(FileStore, MissingRootReadsAsEmpty) {
+  testing::TempDir dir;
+  auto store = make_file_store(dir / "does-not-exist");
+  EXPECT_FALSE(store->get("zarr.json").has_value());
+  EXPECT_TRUE(store->list("").empty());
+  EXPECT_TRUE(store->list_dir("").empty());
+}
+
+}  // namespace
+}  // namespace zfeed
