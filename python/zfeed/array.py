@@ -253,19 +253,50 @@ class Array:
             return result[()]
         return result
 
-    def read_many(self, keys) -> list[np.ndarray]:
+    def read_many(self, keys, outs=None) -> list[np.ndarray]:
         """Reads several selections in one parallel pass (faster than one after another when each
-        is small, such as single chunks): ``arr.read_many([np.s_[3], np.s_[17, :10]])``."""
+        is small, such as single chunks): ``arr.read_many([np.s_[3], np.s_[17, :10]])``. With
+        ``outs``, each result goes into the given array (see ``read``)."""
         indexes = [_Index(key, self.shape) for key in keys]
-        outs = [np.empty(index.counts, dtype=self._dtype) for index in indexes]
-        self._core.read_many([[i.starts, i.stops, i.steps] for i in indexes], [_raw(o) for o in outs])
+        if outs is None:
+            buffers = [np.empty(index.counts, dtype=self._dtype) for index in indexes]
+        else:
+            if len(outs) != len(indexes):
+                raise ValueError(f"read_many: {len(keys)} selections but {len(outs)} outputs")
+            buffers = [self._check_out(index, out) for index, out in zip(indexes, outs)]
+        self._core.read_many([[i.starts, i.stops, i.steps] for i in indexes], [_raw(b) for b in buffers])
+        if outs is not None:
+            return list(outs)
         results = []
-        for index, out in zip(indexes, outs):
+        for index, out in zip(indexes, buffers):
             if index.reversed:
                 out = np.ascontiguousarray(np.flip(out, axis=index.reversed))
             out = out.reshape(index.result_shape)
             results.append(out[()] if out.ndim == 0 else out)
         return results
+
+    def read(self, key=Ellipsis, out: np.ndarray | None = None) -> np.ndarray:
+        """``arr[key]``, or with ``out`` the values go straight into that array (C-contiguous, of
+        this array's dtype and the selection's shape) with no allocation: the way to reuse batch
+        buffers, since first touching fresh memory costs as much as decoding on some machines."""
+        if out is None:
+            return self[key]
+        index = _Index(key, self.shape)
+        buffer = self._check_out(index, out)
+        if buffer.size:
+            self._core.read(index.starts, index.stops, index.steps, _raw(buffer))
+        return out
+
+    def _check_out(self, index: "_Index", out: np.ndarray) -> np.ndarray:
+        if not isinstance(out, np.ndarray) or out.dtype != self._dtype:
+            raise TypeError(f"out must be a numpy array of dtype {self._dtype}")
+        if tuple(out.shape) not in (tuple(index.result_shape), tuple(index.counts)):
+            raise ValueError(f"out has shape {out.shape}, the selection has shape {index.result_shape}")
+        if not out.flags.c_contiguous or not out.flags.writeable:
+            raise ValueError("out must be C-contiguous and writeable")
+        if index.reversed:
+            raise ValueError("out= does not take negative steps; read without out and flip")
+        return out.reshape(index.counts)
 
     def __setitem__(self, key, value) -> None:
         index = _Index(key, self.shape)
@@ -285,9 +316,6 @@ class Array:
     def __array__(self, dtype=None, copy=None):
         data = self[...]
         return data if dtype is None else data.astype(dtype)
-
-    def read(self) -> np.ndarray:
-        return self[...]
 
 
 def _raw(buffer: np.ndarray) -> np.ndarray:

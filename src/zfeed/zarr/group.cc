@@ -129,10 +129,7 @@ std::vector<std::string> Group::members() const {
   }
   std::string prefix = path_.empty() ? "" : path_ + "/";
   for (const auto& name : store_->list_dir(prefix)) {
-    if (name.starts_with('.') || name == "zarr.json" || name == "c") {
-      // "c" can still be a member; check it below like any other name.
-      if (name != "c") continue;
-    }
+    if (name.starts_with('.') || name == "zarr.json") continue;
     std::string child = join_key(path_, name);
     if (store_->size(join_key(child, "zarr.json")) || store_->size(join_key(child, ".zarray")) ||
         store_->size(join_key(child, ".zgroup"))) {
