@@ -69,19 +69,7 @@ class FileStore final : public Store {
     struct stat info {};
     if (::fstat(fd.get(), &info) != 0) throw Error(where(key) + ": stat failed: " + errno_text(errno));
     if (S_ISDIR(info.st_mode)) return false;
-    uint64_t size = static_cast<uint64_t>(info.st_size);
-    uint64_t begin = 0, length = size;
-    if (range.kind == ByteRange::Kind::kRange) {
-      begin = range.offset;
-      length = range.length;
-    } else if (range.kind == ByteRange::Kind::kSuffix) {
-      length = range.length;
-      begin = size - std::min(length, size);
-    }
-    if (begin > size || length > size - begin) {
-      throw Error(where(key) + ": " + range.describe() + " is outside the " +
-                  std::to_string(size) + "-byte file");
-    }
+    auto [begin, length] = range.resolve(static_cast<uint64_t>(info.st_size), where(key));
     out.resize(length);
     read_fully(fd.get(), out.mutable_view(), begin, key);
     return true;

@@ -10,19 +10,7 @@ namespace {
 
 // Slices `value` by `range`, or throws naming `key` if the range reaches past its end.
 Bytes slice(const Bytes& value, const ByteRange& range, std::string_view key) {
-  uint64_t size = value.size();
-  uint64_t begin = 0, length = size;
-  if (range.kind == ByteRange::Kind::kRange) {
-    begin = range.offset;
-    length = range.length;
-  } else if (range.kind == ByteRange::Kind::kSuffix) {
-    length = range.length;
-    begin = size - std::min(length, size);
-  }
-  if (begin > size || length > size - begin) {
-    throw Error("memory://" + std::string(key) + ": " + range.describe() + " is outside the " +
-                std::to_string(size) + "-byte value");
-  }
+  auto [begin, length] = range.resolve(value.size(), "memory://" + std::string(key));
   return Bytes(value.data() + begin, length);
 }
 

@@ -24,6 +24,22 @@ bool Store::get_into(std::string_view key, ByteRange range, Bytes& out) const {
   return true;
 }
 
+std::pair<uint64_t, uint64_t> ByteRange::resolve(uint64_t size, std::string_view where) const {
+  uint64_t begin = 0, selected = size;
+  if (kind == Kind::kRange) {
+    begin = offset;
+    selected = length;
+  } else if (kind == Kind::kSuffix) {
+    selected = length;
+    begin = size - std::min(length, size);
+  }
+  if (begin > size || selected > size - begin) {
+    throw Error(std::string(where) + ": " + describe() + " is outside the " + std::to_string(size) +
+                "-byte value");
+  }
+  return {begin, selected};
+}
+
 std::vector<std::optional<Bytes>> Store::get_many(std::span<const KeyRange> requests) const {
   std::vector<std::optional<Bytes>> results;
   results.reserve(requests.size());

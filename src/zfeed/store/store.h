@@ -8,6 +8,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "zfeed/util/bytes.h"
@@ -25,6 +26,10 @@ struct ByteRange {
   static ByteRange range(uint64_t offset, uint64_t length) { return {Kind::kRange, offset, length}; }
   static ByteRange suffix(uint64_t length) { return {Kind::kSuffix, 0, length}; }
   std::string describe() const;
+
+  // The [begin, begin + length) this range selects in a value of `size` bytes; throws naming
+  // `where` if it reaches past the end.
+  std::pair<uint64_t, uint64_t> resolve(uint64_t size, std::string_view where) const;
 };
 
 struct KeyRange {
