@@ -12,10 +12,12 @@ The Zarr engine is C++ (``zfeed._core``); this module gives it a NumPy-shaped fa
 
 from ._core import NodeNotFoundError, UnsupportedError, ZarrError
 from .array import Array, Group, create, create_group, open, open_array, open_group, memory_store
+from .loader import Loader
 
 __all__ = [
     "Array",
     "Group",
+    "Loader",
     "NodeNotFoundError",
     "UnsupportedError",
     "ZarrError",

@@ -16,6 +16,8 @@
 #include "zfeed/zarr/group.h"
 
 namespace nb = nanobind;
+
+void bind_loader(nb::module_& m);  // _loader.cc
 using namespace nb::literals;
 using zfeed::Json;
 using zfeed::zarr::Array;
@@ -203,4 +205,6 @@ NB_MODULE(_core, m) {
 
   m.def("open_node", &zfeed::zarr::open_node, "store"_a, "path"_a = "");
   m.def("registered_codecs", &zfeed::registered_codecs);
+
+  bind_loader(m);
 }

@@ -3,7 +3,10 @@
 
 #include <iostream>
 
+#include "zfeed/tools/convert.h"
 #include "zfeed/tools/info.h"
+#include "zfeed/tools/stats.h"
+#include "zfeed/tools/synth.h"
 #include "zfeed/util/error.h"
 
 int main(int argc, char** argv) {
@@ -15,6 +18,10 @@ int main(int argc, char** argv) {
   bool info_json = false;
   info->add_option("path", info_path, "store path (a directory, file:// URL)")->required();
   info->add_flag("--json", info_json, "print JSON instead of a tree");
+
+  zfeed::tools::add_synth_command(app);
+  zfeed::tools::add_stats_command(app);
+  zfeed::tools::add_convert_command(app);
 
   CLI11_PARSE(app, argc, argv);
   try {

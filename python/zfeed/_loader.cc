@@ -1,0 +1,98 @@
+// Bindings of the training data loader (zfeed::loader::Loader). Batches come out as NumPy arrays
+// that view the loader's batch buffers; each array owns a reference to its buffer, which returns
+// to the loader's pool only when every array of the batch is dropped.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/array.h>
+#include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/string.h>
+
+#include "zfeed/loader/loader.h"
+#include "zfeed/util/error.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+using zfeed::loader::Batch;
+using zfeed::loader::BatchMemory;
+using zfeed::loader::Loader;
+
+namespace {
+
+nb::capsule owner_of(const std::shared_ptr<BatchMemory>& memory) {
+  return nb::capsule(new std::shared_ptr<BatchMemory>(memory), [](void* p) noexcept {
+    delete static_cast<std::shared_ptr<BatchMemory>*>(p);
+  });
+}
+
+template <typename T>
+nb::object view(T* data, std::array<uint64_t, 4> shape, uint64_t size,
+                const std::shared_ptr<BatchMemory>& memory) {
+  size_t dims[4] = {size, shape[1], shape[2], shape[3]};
+  return nb::cast(nb::ndarray<nb::numpy, T>(data, 4, dims, owner_of(memory)));
+}
+
+nb::object to_python(const Loader& loader, const Batch& batch) {
+  size_t n = batch.size;
+  nb::object times =
+      nb::cast(nb::ndarray<nb::numpy, int64_t>(batch.times(), 1, &n, owner_of(batch.memory)));
+  return nb::make_tuple(view(batch.inputs(), loader.input_shape(), batch.size, batch.memory),
+                        view(batch.targets(), loader.target_shape(), batch.size, batch.memory),
+                        times, batch.epoch, batch.index);
+}
+
+std::string channels_json(const std::vector<zfeed::loader::Channel>& channels) {
+  zfeed::Json out = zfeed::Json::array();
+  for (const auto& c : channels) {
+    zfeed::Json item = {
+        {"variable", c.variable}, {"time_offset", c.time_offset}, {"normalized", c.normalized}};
+    item["level"] = c.level ? zfeed::Json(*c.level) : zfeed::Json();
+    item["mean"] = c.normalized ? zfeed::Json(c.mean) : zfeed::Json();
+    item["std"] = c.normalized ? zfeed::Json(c.std) : zfeed::Json();
+    out.push_back(item);
+  }
+  return out.dump();
+}
+
+}  // namespace
+
+void bind_loader(nb::module_& m) {
+  nb::class_<Loader>(m, "Loader")
+      .def(
+          "__init__",
+          [](Loader* self, std::shared_ptr<zfeed::Store> store, const std::string& spec) {
+            new (self) Loader(zfeed::loader::LoaderSpec::from_json(
+                std::move(store), zfeed::parse_json(spec, "loader spec from Python")));
+          },
+          "store"_a, "spec"_a)
+      .def("next",
+           [](Loader& loader) -> nb::object {
+             std::optional<Batch> batch;
+             {
+               nb::gil_scoped_release release;
+               batch = loader.next();
+             }
+             if (!batch) return nb::none();
+             return to_python(loader, *batch);
+           })
+      .def("set_epoch", &Loader::set_epoch, "epoch"_a, nb::call_guard<nb::gil_scoped_release>())
+      .def("begin_iteration", &Loader::begin_iteration, nb::call_guard<nb::gil_scoped_release>())
+      .def_prop_ro("epoch", &Loader::epoch)
+      .def_prop_ro("position", &Loader::position)
+      .def_prop_ro("batches_per_epoch", &Loader::batches_per_epoch)
+      .def_prop_ro("num_samples", &Loader::num_samples)
+      .def_prop_ro("input_shape", &Loader::input_shape)
+      .def_prop_ro("target_shape", &Loader::target_shape)
+      .def("state_json", [](const Loader& loader) { return loader.state().dump(); })
+      .def(
+          "restore_json",
+          [](Loader& loader, const std::string& text) {
+            auto state = zfeed::parse_json(text, "loader state");
+            nb::gil_scoped_release release;
+            loader.restore(state);
+          },
+          "state"_a)
+      .def("stats_json", [](const Loader& loader) { return loader.stats().to_json().dump(); })
+      .def("input_channels_json", [](const Loader& l) { return channels_json(l.input_channels()); })
+      .def("target_channels_json",
+           [](const Loader& l) { return channels_json(l.target_channels()); });
+}

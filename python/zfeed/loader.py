@@ -1,0 +1,166 @@
+"""The training data loader: batches of samples from a Zarr group, read by zfeed's C++ engine.
+
+::
+
+    loader = zfeed.Loader("era5.zarr", inputs=["t2m", "u500", ("z", [3, 5])], targets=["t2m"],
+                          lead=1, batch_size=16, seed=0)
+    for epoch in range(10):
+        loader.set_epoch(epoch)
+        for batch in loader:            # {"inputs", "targets", "times"}: NumPy arrays
+            x = torch.from_dlpack(batch["inputs"])   # zero-copy
+            ...
+        state = loader.state_dict()     # after any batch; load_state_dict() resumes exactly
+
+A sample at time ``t`` stacks the input variables at ``t - history + 1 .. t`` (oldest first, the
+variables in the order given, each variable's levels in the order given) and the targets at
+``t + lead`` as channels: ``inputs`` is float32 ``[batch, history * channels, lat, lon]``,
+``targets`` float32 ``[batch, channels, lat, lon]``, ``times`` int64 ``[batch]`` (the sample times
+``t``). The arrays view the loader's batch buffers (no copy); a buffer is reused only once every
+array of its batch has been dropped, and the loader keeps ``prefetch + 1`` buffers while the
+consumer holds one batch at a time (more are lent, never overwritten, if the consumer keeps more).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Iterator, Mapping, Sequence
+
+from . import _core
+from .array import Group, _store
+
+
+def _variable(item: Any, role: str, normalize: Any) -> dict:
+    if isinstance(item, str):
+        spec: dict = {"name": item}
+    elif isinstance(item, Mapping):
+        spec = dict(item)
+    elif isinstance(item, (tuple, list)) and len(item) == 2 and isinstance(item[0], str):
+        levels = item[1]
+        spec = {"name": item[0], "levels": [int(levels)] if isinstance(levels, int) else [int(x) for x in levels]}
+    else:
+        raise _core.ZarrError(f"loader: each of the {role} is a name, (name, level or levels) or a dict, got {item!r}")
+    if isinstance(normalize, Mapping) and spec.get("name") in normalize and "mean" not in spec:
+        mean, std = normalize[spec["name"]]
+        spec["mean"], spec["std"] = mean, std
+    return spec
+
+
+def _env_int(name: str, default: int) -> int:
+    text = os.environ.get(name, "").strip()
+    return int(text) if text else default
+
+
+class Loader:
+    """Batches of (inputs, targets) from variables of a Zarr group; see the module docstring.
+
+    ``store``: a path, URL, store or :class:`zfeed.Group`. ``inputs``/``targets``: variable names,
+    ``(name, level_index or [level_indices])`` for (time, level, lat, lon) arrays, or dicts
+    ``{"name", "levels", "mean", "std"}``. ``normalize``: True (given statistics, else each
+    array's ``zfeed_stats`` attribute ``{"mean": .., "std": ..}``, else none), False, or a dict
+    ``{name: (mean, std)}``. ``crop``: ``(lat_start, lat_size, lon_start, lon_size)``.
+    ``rank``/``world_size`` default to the ``RANK``/``WORLD_SIZE`` environment variables.
+    ``drop_last``: True drops the remainder of the epoch that does not divide evenly among the
+    ranks and the last incomplete batch; False pads every rank to the same count by repeating the
+    epoch's first samples (as PyTorch's DistributedSampler does) and keeps the last, smaller batch.
+    """
+
+    def __init__(self, store, inputs: Sequence, targets: Sequence = (), lead: int = 1, history: int = 1,
+                 batch_size: int = 16, shuffle: bool = True, seed: int = 0, rank: int | None = None,
+                 world_size: int | None = None, drop_last: bool = True, normalize: Any = True,
+                 prefetch: int = 2, epoch: int = 0, crop: Sequence[int] | None = None, path: str | None = None):
+        if isinstance(store, Group):
+            core_store, group_path = store._core.store, store.path
+        else:
+            core_store, group_path = _store(store), ""
+        if path:
+            group_path = f"{group_path}/{path}".strip("/")
+        if isinstance(inputs, (str, Mapping)):
+            inputs = [inputs]
+        if isinstance(targets, (str, Mapping)):
+            targets = [targets]
+        spec = {
+            "path": group_path,
+            "inputs": [_variable(v, "inputs", normalize) for v in inputs],
+            "targets": [_variable(v, "targets", normalize) for v in targets],
+            "lead": int(lead),
+            "history": int(history),
+            "batch_size": int(batch_size),
+            "shuffle": bool(shuffle),
+            "seed": int(seed),
+            "rank": int(rank) if rank is not None else _env_int("RANK", 0),
+            "world_size": int(world_size) if world_size is not None else _env_int("WORLD_SIZE", 1),
+            "drop_last": bool(drop_last),
+            "normalize": normalize is not False,
+            "prefetch": int(prefetch),
+            "epoch": int(epoch),
+            "crop": [int(c) for c in crop] if crop is not None else None,
+        }
+        for name in ("lead", "history", "batch_size", "seed", "rank", "world_size", "prefetch", "epoch"):
+            if spec[name] < 0:
+                raise _core.ZarrError(f"loader: {name} must not be negative, got {spec[name]}")
+        self._core = _core.Loader(core_store, json.dumps(spec))
+
+    def __len__(self) -> int:
+        """Batches per epoch on this rank."""
+        return self._core.batches_per_epoch
+
+    def __iter__(self) -> Iterator[dict]:
+        """The rest of the current epoch (all of it, unless resumed or interrupted); once an
+        iteration has reached the end of an epoch, iterating again runs the next one."""
+        self._core.begin_iteration()
+        while True:
+            item = self._core.next()
+            if item is None:
+                return
+            inputs, targets, times, _epoch, _index = item
+            yield {"inputs": inputs, "targets": targets, "times": times}
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start ``epoch`` from its first batch (a no-op for the current epoch, so that a restored
+        position survives the usual ``set_epoch`` at the top of the training loop)."""
+        self._core.set_epoch(int(epoch))
+
+    @property
+    def epoch(self) -> int:
+        return self._core.epoch
+
+    @property
+    def num_samples(self) -> int:
+        """Valid sample times in the dataset (all ranks)."""
+        return self._core.num_samples
+
+    @property
+    def input_shape(self) -> tuple:
+        return tuple(self._core.input_shape)
+
+    @property
+    def target_shape(self) -> tuple:
+        return tuple(self._core.target_shape)
+
+    @property
+    def input_channels(self) -> list[dict]:
+        """Per input channel: variable, level, time_offset, and the mean/std applied (or None)."""
+        return json.loads(self._core.input_channels_json())
+
+    @property
+    def target_channels(self) -> list[dict]:
+        return json.loads(self._core.target_channels_json())
+
+    def state_dict(self) -> dict:
+        """Where this loader stands: epoch, batches handed out in it, seed and layout."""
+        return json.loads(self._core.state_json())
+
+    def load_state_dict(self, state: Mapping) -> None:
+        """Continue after the last batch the saved loader handed out, bit for bit."""
+        self._core.restore_json(json.dumps(dict(state)))
+
+    def stats(self) -> dict:
+        """Seconds per stage (read_s: read + decode, assemble_s: cast + normalize, wait_s: the
+        consumer waiting, prefetch_idle_s), bytes decoded and delivered, batches, samples and
+        batch buffers allocated."""
+        return json.loads(self._core.stats_json())
+
+    def __repr__(self) -> str:
+        return (f"<zfeed.Loader inputs={self.input_shape} targets={self.target_shape} "
+                f"batches={len(self)} epoch={self.epoch}>")

@@ -1,0 +1,131 @@
+#include "zfeed/ingest/cf.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+#include "zfeed/util/error.h"
+
+namespace zfeed::ingest {
+namespace {
+
+double number_attribute(const Variable& variable, const char* name) {
+  const Json& value = variable.attributes[name];
+  const Json& scalar = value.is_array() && value.size() == 1 ? value[0] : value;
+  if (!scalar.is_number()) {
+    throw Error(variable.name + ": attribute " + name + " must be a number, got " + value.dump());
+  }
+  return scalar.get<double>();
+}
+
+void collect_missing(const Variable& variable, const char* name, std::vector<double>* out) {
+  if (!variable.attributes.contains(name)) return;
+  const Json& value = variable.attributes[name];
+  auto add = [&](const Json& item) {
+    if (item.is_number()) {
+      out->push_back(item.get<double>());
+    } else if (!item.is_null() && !(item.is_string() && (item == "NaN" || item == "nan"))) {
+      throw Error(variable.name + ": attribute " + name + " must be numeric, got " + value.dump());
+    }
+  };
+  if (value.is_array()) {
+    for (const auto& item : value) add(item);
+  } else {
+    add(value);
+  }
+}
+
+template <typename In, typename Out>
+void decode(const CfDecoding& plan, const void* in_bytes, void* out_bytes, size_t count) {
+  const In* in = static_cast<const In*>(in_bytes);
+  Out* out = static_cast<Out*>(out_bytes);
+  const Out nan = std::numeric_limits<Out>::quiet_NaN();
+  const bool scaled = plan.scale != 1.0 || plan.offset != 0.0;
+  for (size_t i = 0; i < count; ++i) {
+    const double raw = static_cast<double>(in[i]);
+    bool masked = false;
+    for (double m : plan.missing) masked |= (raw == m);
+    if (masked) {
+      out[i] = nan;
+    } else {
+      out[i] = static_cast<Out>(scaled ? raw * plan.scale + plan.offset : raw);
+    }
+  }
+}
+
+template <typename Out>
+void decode_from(const CfDecoding& plan, const void* in, void* out, size_t count) {
+  switch (plan.input.id) {
+    case DataTypeId::kInt8:
+      return decode<int8_t, Out>(plan, in, out, count);
+    case DataTypeId::kUInt8:
+      return decode<uint8_t, Out>(plan, in, out, count);
+    case DataTypeId::kInt16:
+      return decode<int16_t, Out>(plan, in, out, count);
+    case DataTypeId::kUInt16:
+      return decode<uint16_t, Out>(plan, in, out, count);
+    case DataTypeId::kInt32:
+      return decode<int32_t, Out>(plan, in, out, count);
+    case DataTypeId::kUInt32:
+      return decode<uint32_t, Out>(plan, in, out, count);
+    case DataTypeId::kInt64:
+      return decode<int64_t, Out>(plan, in, out, count);
+    case DataTypeId::kUInt64:
+      return decode<uint64_t, Out>(plan, in, out, count);
+    case DataTypeId::kFloat32:
+      return decode<float, Out>(plan, in, out, count);
+    case DataTypeId::kFloat64:
+      return decode<double, Out>(plan, in, out, count);
+    default:
+      throw UnsupportedError("CF decoding of " + std::string(plan.input.name()) + " values");
+  }
+}
+
+}  // namespace
+
+CfDecoding plan_cf_decoding(const Variable& variable) {
+  CfDecoding plan;
+  plan.input = variable.dtype;
+  plan.output = variable.dtype;
+  plan.attributes = variable.attributes;
+  const Json& attrs = variable.attributes;
+  const bool packed = attrs.contains("scale_factor") || attrs.contains("add_offset");
+  const bool masked = attrs.contains("_FillValue") || attrs.contains("missing_value");
+  if (!packed && !masked) return plan;
+  const bool numeric = variable.dtype.is_integer() || variable.dtype.is_float();
+  if (!numeric || variable.dtype.id == DataTypeId::kFloat16 ||
+      variable.dtype.id == DataTypeId::kBFloat16) {
+    return plan;  // left as stored
+  }
+  plan.active = true;
+  if (attrs.contains("scale_factor")) plan.scale = number_attribute(variable, "scale_factor");
+  if (attrs.contains("add_offset")) plan.offset = number_attribute(variable, "add_offset");
+  collect_missing(variable, "_FillValue", &plan.missing);
+  collect_missing(variable, "missing_value", &plan.missing);
+  if (packed) {
+    plan.output = DataType{DataTypeId::kFloat32};
+  } else if (variable.dtype.is_integer()) {
+    // As xarray: small integers fit float32 exactly, wider ones need float64.
+    plan.output =
+        DataType{variable.dtype.size() <= 2 ? DataTypeId::kFloat32 : DataTypeId::kFloat64};
+  }
+  for (const char* name : {"scale_factor", "add_offset", "_FillValue", "missing_value"}) {
+    plan.attributes.erase(name);
+  }
+  return plan;
+}
+
+void CfDecoding::apply(const void* in, void* out, size_t count) const {
+  if (!active) {
+    std::memcpy(out, in, count * input.size());
+    return;
+  }
+  if (output.id == DataTypeId::kFloat32) {
+    decode_from<float>(*this, in, out, count);
+  } else {
+    decode_from<double>(*this, in, out, count);
+  }
+}
+
+}  // namespace zfeed::ingest

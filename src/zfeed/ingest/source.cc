@@ -1,0 +1,105 @@
+#include "zfeed/ingest/source.h"
+
+#include <filesystem>
+#include <fstream>
+
+#include "zfeed/ingest/netcdf.h"
+#include "zfeed/ingest/zarr_source.h"
+#include "zfeed/util/error.h"
+#include "zfeed/zarr/group.h"
+
+namespace zfeed::ingest {
+
+const Variable* Source::find(std::string_view name) const {
+  for (const auto& variable : variables()) {
+    if (variable.name == name) return &variable;
+  }
+  return nullptr;
+}
+
+std::unique_ptr<Source> open_source(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(path, ec)) {
+    if (looks_like_netcdf(path)) return std::make_unique<NetcdfSource>(path);
+    std::ifstream file(path, std::ios::binary);
+    char magic[4] = {};
+    file.read(magic, sizeof magic);
+    if (std::string_view(magic, 4) == "GRIB") {
+      throw UnsupportedError(path + ": GRIB input is not supported yet (netCDF and Zarr are)");
+    }
+    throw Error(path + ": not a netCDF file (no netCDF-3 or HDF5 signature) and not a Zarr store");
+  }
+  if (path.find("://") == std::string::npos && !std::filesystem::exists(path, ec)) {
+    throw NotFoundError(path + ": no such file or directory");
+  }
+  return std::make_unique<ZarrSource>(path);
+}
+
+namespace {
+
+std::string base_name(const std::string& path) {
+  std::string trimmed = path;
+  while (trimmed.size() > 1 && trimmed.back() == '/') trimmed.pop_back();
+  std::string name = std::filesystem::path(trimmed).filename().string();
+  if (name.ends_with(".zarr")) name.resize(name.size() - 5);
+  return name.empty() ? "data" : name;
+}
+
+Variable variable_of(const zarr::Array& array, const std::string& name) {
+  const auto& meta = array.metadata();
+  Variable variable;
+  variable.name = name;
+  variable.dtype = meta.dtype;
+  variable.shape = meta.shape;
+  for (size_t d = 0; d < meta.rank(); ++d) {
+    const bool named = meta.dimension_names && (*meta.dimension_names)[d].has_value();
+    variable.dims.push_back(named ? *(*meta.dimension_names)[d] : "dim_" + std::to_string(d));
+  }
+  variable.attributes = meta.attributes;
+  const Json& attrs = variable.attributes;
+  const bool cf = attrs.contains("scale_factor") || attrs.contains("add_offset") ||
+                  attrs.contains("missing_value");
+  if (meta.zarr_format == 2 && cf && !attrs.contains("_FillValue") && !meta.fill_value.is_null) {
+    variable.attributes["_FillValue"] = fill_value_to_json(meta.fill_value, meta.dtype);
+  }
+  return variable;
+}
+
+}  // namespace
+
+ZarrSource::ZarrSource(const std::string& path) : path_(path) {
+  auto store = open_store(path);
+  zarr::Node node = zarr::open_node(store, "");
+  if (auto* array = std::get_if<zarr::Array>(&node)) {
+    std::string name = base_name(path);
+    variables_.push_back(variable_of(*array, name));
+    arrays_.emplace(name, *array);
+    return;
+  }
+  const auto& group = std::get<zarr::Group>(node);
+  attributes_ = group.attributes();
+  for (const auto& member : group.members()) {
+    zarr::Node child = group.open_member(member);
+    if (auto* array = std::get_if<zarr::Array>(&child)) {
+      if (array->metadata().dtype.is_complex()) {
+        skipped_.push_back(member + " (complex values are not converted)");
+        continue;
+      }
+      variables_.push_back(variable_of(*array, member));
+      arrays_.emplace(member, *array);
+    } else {
+      skipped_.push_back(member + " (a subgroup: only the group's own arrays are converted)");
+    }
+  }
+}
+
+void ZarrSource::read(const Variable& variable, std::span<const uint64_t> start,
+                      std::span<const uint64_t> count, void* out) const {
+  auto it = arrays_.find(variable.name);
+  if (it == arrays_.end()) throw NotFoundError(path_ + ": no array " + variable.name);
+  zarr::Selection selection;
+  for (size_t d = 0; d < start.size(); ++d) selection.push_back({start[d], start[d] + count[d], 1});
+  it->second.read(selection, out);
+}
+
+}  // namespace zfeed::ingest

@@ -1,0 +1,55 @@
+// A source of gridded variables for conversion: a netCDF file or a Zarr store, read the same way.
+// Each variable has a name, a data type, named dimensions, a shape and attributes (as stored, not
+// CF-decoded), and is read by hyperslab into a caller's buffer.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "zfeed/codec/data_type.h"
+#include "zfeed/util/json.h"
+
+namespace zfeed::ingest {
+
+struct Variable {
+  std::string name;
+  DataType dtype;
+  std::vector<std::string> dims;
+  std::vector<uint64_t> shape;
+  Json attributes = Json::object();
+
+  size_t rank() const { return shape.size(); }
+  // A coordinate: one dimension named like the variable.
+  bool is_coordinate() const { return dims.size() == 1 && dims[0] == name; }
+};
+
+class Source {
+ public:
+  virtual ~Source() = default;
+
+  // The path or URL, for messages.
+  virtual const std::string& path() const = 0;
+  // The variables zfeed can read, in the source's order.
+  virtual const std::vector<Variable>& variables() const = 0;
+  // Variables the source holds but zfeed cannot convert (strings, chars), with the reason.
+  virtual const std::vector<std::string>& skipped() const = 0;
+  // Global (group) attributes.
+  virtual const Json& attributes() const = 0;
+  // Reads [start, start + count) of `variable` into `out`: dense, C order, native values of its
+  // data type. Safe to call from several threads.
+  virtual void read(const Variable& variable, std::span<const uint64_t> start,
+                    std::span<const uint64_t> count, void* out) const = 0;
+
+  // The variable named `name`, or nullptr.
+  const Variable* find(std::string_view name) const;
+};
+
+// Opens a netCDF-3/4 file (recognized by its magic bytes) or a Zarr v2/v3 store (a directory or
+// URL). GRIB and other formats are refused with a clear error.
+std::unique_ptr<Source> open_source(const std::string& path);
+
+}  // namespace zfeed::ingest

@@ -1,0 +1,91 @@
+// Synthetic ERA5-like fields for tests, demos and benchmarks at any size: smooth, plausible
+// magnitudes, a daily and a seasonal cycle, and weather systems (travelling waves and vortices)
+// that drift with the mid-latitude westerlies, so that a next-step model has something to learn
+// and persistence is a fair but beatable baseline. Every time step is an analytic function of
+// (seed, grid, time), so steps are generated independently (in parallel) and reproducibly.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "zfeed/store/store.h"
+#include "zfeed/util/json.h"
+
+namespace zfeed::ingest {
+
+struct Era5Variable {
+  std::string name;       // "t2m"
+  std::string units;      // "K"
+  std::string long_name;  // "2 metre temperature"
+};
+
+// Every variable the generator knows: t2m, u500, v500, t500, z500, q500, msl.
+const std::vector<Era5Variable>& era5_variables();
+// The hackathon's six: t2m, u500, v500, t500, z500, q500.
+std::vector<std::string> era5_default_variables();
+
+class Era5Synth {
+ public:
+  // Latitudes from north to south at cell centres (90 - (i + 0.5) * 180 / nlat), longitudes
+  // 0 .. 360 - 360 / nlon. Throws zfeed::Error for an unknown variable or an empty grid.
+  Era5Synth(uint64_t seed, size_t nlat, size_t nlon, std::vector<std::string> variables);
+
+  size_t nlat() const { return nlat_; }
+  size_t nlon() const { return nlon_; }
+  const std::vector<std::string>& variables() const { return variables_; }
+  const std::vector<double>& latitudes() const { return lat_; }
+  const std::vector<double>& longitudes() const { return lon_; }
+  size_t field_size() const { return nlat_ * nlon_; }
+
+  // Fills out[v * field_size() + i * nlon + j] with variable v at `hours` since 2000-01-01 00 UTC.
+  // `out` holds variables().size() * field_size() floats. Thread-safe (const).
+  void generate(double hours, std::span<float> out) const;
+
+ private:
+  struct System {
+    double lat, lon, amplitude, radius, speed_lon, speed_lat;
+  };
+  // The geopotential anomaly (m2/s2) of the waves and systems over the grid.
+  void anomaly_field(double hours, std::span<const System> systems, std::vector<double>& out) const;
+  std::vector<System> systems_at(double hours) const;
+
+  uint64_t seed_;
+  size_t nlat_, nlon_;
+  std::vector<std::string> variables_;
+  std::vector<double> lat_, lon_;
+  std::vector<double> land_;  // a smooth pseudo land fraction in [0, 1], nlat x nlon
+  struct Wave {
+    int wavenumber;
+    double amplitude, phase, speed_deg_per_hour, centre_lat;
+  };
+  std::vector<Wave> waves_;
+};
+
+struct SynthOptions {
+  std::string output;
+  std::vector<std::string> variables;  // empty: the default six
+  size_t nlat = 320, nlon = 640;
+  size_t times = 24;
+  double step_hours = 1;
+  double start_hours = 0;  // hours since 2000-01-01 00 UTC
+  uint64_t seed = 0;
+  std::string codec = "zstd:3";
+  size_t shard_times = 0;  // 0: unsharded, one time step per chunk
+  bool overwrite = false;
+  bool progress = false;  // a progress line on stderr
+};
+
+// "zstd:3", "gzip:6", "blosc:lz4[:5]", "none" -> the bytes->bytes codec JSON (null for none).
+Json compressor_codec(const std::string& spec);
+
+// Writes the synthetic store (a Zarr v3 group, consolidated). An existing non-empty output is an
+// error unless options.overwrite.
+void write_era5_synth(const SynthOptions& options);
+
+// "2000-01-01", "2000-01-01T06", "2000-01-01T06:00" -> hours since 2000-01-01 00 UTC.
+double parse_start_time(const std::string& text);
+
+}  // namespace zfeed::ingest
