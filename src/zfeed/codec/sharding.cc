@@ -138,7 +138,9 @@ Bytes ShardingCodec::encode(const uint8_t* shard, const ChunkSpec& spec) const {
   const size_t item = spec.dtype.size();
   const uint64_t inner_bytes = inner_.spec().num_bytes();
   std::vector<Bytes> encoded(num_inner_chunks_);
-  std::vector<bool> present(num_inner_chunks_, false);
+  // One byte per flag: tasks set them concurrently, and std::vector<bool> packs neighbours into
+  // one word, so concurrent writes to it lose updates.
+  std::vector<uint8_t> present(num_inner_chunks_, 0);
   ThreadPool::shared().parallel_for(num_inner_chunks_, [&](size_t chunk) {
     auto position = grid_position(chunk, chunks_per_shard_);
     std::vector<uint64_t> origin(position.size());
@@ -149,7 +151,7 @@ Bytes ShardingCodec::encode(const uint8_t* shard, const ChunkSpec& spec) const {
     // Inner chunks that hold only the fill value are left out, as zarr-python does.
     if (all_equal_fill(values.data(), inner_.spec().num_elements(), spec.fill, spec.dtype)) return;
     encoded[chunk] = inner_.encode(values.data());
-    present[chunk] = true;
+    present[chunk] = 1;
   });
   std::vector<uint64_t> entries(num_inner_chunks_ * 2, ShardIndex::kEmpty);
   uint64_t offset = index_at_end_ ? 0 : index_size_;

@@ -235,3 +235,26 @@ TEST(ShardingCodec, DescribeNamesInnerShapeAndCodecs) {
 
 }  // namespace
 }  // namespace zfeed
+
+namespace zfeed {
+namespace {
+
+// Inner chunks are encoded in parallel; each one's "present" flag must survive its neighbours'
+// (a packed std::vector<bool> once lost them, dropping whole inner chunks from the shard).
+TEST(ShardingCodec, ParallelEncodeKeepsEveryInnerChunk) {
+  auto spec = testing::make_spec(DataTypeId::kUInt32, {16, 32});
+  CodecChain chain = testing::make_chain(
+      R"([{"name": "sharding_indexed", "configuration": {"chunk_shape": [1, 1], "codecs": )"
+      R"([{"name": "bytes", "configuration": {"endian": "little"}}], "index_codecs": )"
+      R"([{"name": "bytes", "configuration": {"endian": "little"}}], "index_location": "start"}}])",
+      spec);
+  Bytes values(spec.num_bytes());
+  for (uint32_t i = 0; i < spec.num_elements(); ++i) {
+    uint32_t v = i + 1;  // never the fill value 0, so every inner chunk is stored
+    std::memcpy(values.data() + 4 * i, &v, 4);
+  }
+  for (int round = 0; round < 50; ++round) testing::expect_round_trip(chain, values);
+}
+
+}  // namespace
+}  // namespace zfeed
