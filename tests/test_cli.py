@@ -4,34 +4,21 @@ shared ECMWF store; a missing path fails with a clear message."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+import zfeed_cli
 
 import zfeed
 
 from conftest import SHARED
 
 
-def _zfeed_command() -> str:
-    beside = Path(sys.executable).parent / "zfeed"
-    if beside.exists():
-        return str(beside)
-    found = shutil.which("zfeed")
-    if not found:
-        pytest.skip("the zfeed command is not installed (make python)")
-    return found
-
-
-def run(*args, ok=True) -> subprocess.CompletedProcess:
-    result = subprocess.run([_zfeed_command(), *map(str, args)], capture_output=True, text=True, timeout=120)
-    if ok:
-        assert result.returncode == 0, f"zfeed {' '.join(map(str, args))} failed ({result.returncode}): {result.stderr}"
-    return result
+def run(*args, ok=True):
+    return zfeed_cli.run(*args, ok=ok, timeout=120)
 
 
 @pytest.fixture

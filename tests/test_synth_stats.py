@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+import zfeed_cli
 
 xr = pytest.importorskip("xarray")
 pytest.importorskip("zarr")
@@ -18,21 +19,8 @@ pytest.importorskip("zarr")
 SIX = ["t2m", "u500", "v500", "t500", "z500", "q500"]
 
 
-def _zfeed_command() -> str:
-    beside = Path(sys.executable).parent / "zfeed"
-    if beside.exists():
-        return str(beside)
-    found = shutil.which("zfeed")
-    if not found:
-        pytest.skip("the zfeed command is not installed (make python)")
-    return found
-
-
-def run(*args, ok=True) -> subprocess.CompletedProcess:
-    result = subprocess.run([_zfeed_command(), *map(str, args)], capture_output=True, text=True, timeout=300)
-    if ok:
-        assert result.returncode == 0, f"zfeed {' '.join(map(str, args))} failed ({result.returncode}): {result.stderr}"
-    return result
+def run(*args, ok=True):
+    return zfeed_cli.run(*args, ok=ok, timeout=300)
 
 
 @pytest.fixture(scope="module")
