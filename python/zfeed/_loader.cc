@@ -25,19 +25,40 @@ nb::capsule owner_of(const std::shared_ptr<BatchMemory>& memory) {
 }
 
 template <typename T>
-nb::object view(T* data, std::array<uint64_t, 4> shape, uint64_t size,
-                const std::shared_ptr<BatchMemory>& memory) {
-  size_t dims[4] = {size, shape[1], shape[2], shape[3]};
-  return nb::cast(nb::ndarray<nb::numpy, T>(data, 4, dims, owner_of(memory)));
+nb::object typed_view(uint8_t* data, const size_t* dims,
+                      const std::shared_ptr<BatchMemory>& memory) {
+  return nb::cast(nb::ndarray<nb::numpy, T>(reinterpret_cast<T*>(data), 4, dims, owner_of(memory)));
+}
+
+// A NumPy view of a batch buffer. 16-bit floats come out as uint16 bits, which the Python side
+// views as float16 or ml_dtypes.bfloat16 (NumPy has no bfloat16, nanobind no float16 type).
+nb::object view(uint8_t* data, zfeed::loader::OutputType type, std::array<uint64_t, 4> shape,
+                uint64_t size, const std::shared_ptr<BatchMemory>& memory) {
+  const size_t dims[4] = {size, shape[1], shape[2], shape[3]};
+  switch (type) {
+    case zfeed::loader::OutputType::kFloat32:
+      return typed_view<float>(data, dims, memory);
+    case zfeed::loader::OutputType::kFloat16:
+    case zfeed::loader::OutputType::kBFloat16:
+      return typed_view<uint16_t>(data, dims, memory);
+    case zfeed::loader::OutputType::kInt64:
+      return typed_view<int64_t>(data, dims, memory);
+  }
+  return nb::none();
 }
 
 nb::object to_python(const Loader& loader, const Batch& batch) {
   size_t n = batch.size;
   nb::object times =
       nb::cast(nb::ndarray<nb::numpy, int64_t>(batch.times(), 1, &n, owner_of(batch.memory)));
-  return nb::make_tuple(view(batch.inputs(), loader.input_shape(), batch.size, batch.memory),
-                        view(batch.targets(), loader.target_shape(), batch.size, batch.memory),
-                        times, batch.epoch, batch.index);
+  const size_t crop_dims[2] = {batch.size, 2};
+  nb::object crops = nb::cast(
+      nb::ndarray<nb::numpy, int64_t>(batch.crops(), 2, crop_dims, owner_of(batch.memory)));
+  return nb::make_tuple(view(batch.input_bytes(), loader.input_type(), loader.input_shape(),
+                             batch.size, batch.memory),
+                        view(batch.target_bytes(), loader.target_type(), loader.target_shape(),
+                             batch.size, batch.memory),
+                        times, batch.epoch, batch.index, crops);
 }
 
 std::string channels_json(const std::vector<zfeed::loader::Channel>& channels) {
@@ -82,6 +103,15 @@ void bind_loader(nb::module_& m) {
       .def_prop_ro("num_samples", &Loader::num_samples)
       .def_prop_ro("input_shape", &Loader::input_shape)
       .def_prop_ro("target_shape", &Loader::target_shape)
+      .def_prop_ro("input_dtype",
+                   [](const Loader& l) { return std::string(output_name(l.input_type())); })
+      .def_prop_ro("target_dtype",
+                   [](const Loader& l) { return std::string(output_name(l.target_type())); })
+      .def_prop_ro("label_targets", &Loader::label_targets)
+      .def_prop_ro("order", &Loader::order)
+      .def_prop_ro("window", [](const Loader& l) { return l.sampler().options().window; })
+      .def_prop_ro("cache_budget", &Loader::cache_budget)
+      .def_prop_ro("memory_bound", &Loader::memory_bound)
       .def("state_json", [](const Loader& loader) { return loader.state().dump(); })
       .def(
           "restore_json",

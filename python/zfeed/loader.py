@@ -13,11 +13,24 @@
 
 A sample at time ``t`` stacks the input variables at ``t - history + 1 .. t`` (oldest first, the
 variables in the order given, each variable's levels in the order given) and the targets at
-``t + lead`` as channels: ``inputs`` is float32 ``[batch, history * channels, lat, lon]``,
-``targets`` float32 ``[batch, channels, lat, lon]``, ``times`` int64 ``[batch]`` (the sample times
-``t``). The arrays view the loader's batch buffers (no copy); a buffer is reused only once every
-array of its batch has been dropped, and the loader keeps ``prefetch + 1`` buffers while the
-consumer holds one batch at a time (more are lent, never overwritten, if the consumer keeps more).
+``t + lead`` as channels: ``inputs`` is ``[batch, history * channels, lat, lon]`` and ``targets``
+``[batch, channels, lat, lon]`` in ``dtype`` (float32, float16 or bfloat16, the last as
+``ml_dtypes.bfloat16``), ``times`` int64 ``[batch]`` (the sample times ``t``). An integer target
+variable (a segmentation mask) makes the targets labels: int64 ``[batch, lat, lon]``, never
+normalized. With ``random_crop``, ``crops`` int64 ``[batch, 2]`` gives each sample's window origin.
+
+Variables are arrays of the group, or channels of a stacked array ``data(time, variable, lat,
+lon)`` whose ``variables`` attribute names them (anemoi-datasets' layout).
+
+Where chunks hold several time steps, the order is chunk-aware (``order="auto"``): the epoch visits
+the time chunks in a shuffled order, ``window`` chunks at a time, shuffling the samples within the
+window, so that each chunk is decoded once per epoch (the decoded-chunk cache holds the window).
+
+The arrays view the loader's batch buffers (no copy); a buffer is reused only once every array of
+its batch has been dropped, and the loader keeps ``prefetch + 1`` buffers while the consumer holds
+one batch at a time (more are lent, never overwritten, if the consumer keeps more). NumPy arrays
+speak DLPack: ``torch.from_dlpack(batch["inputs"])`` is zero-copy (see :mod:`zfeed.torch` for
+tensors directly, bfloat16 included).
 """
 
 from __future__ import annotations
@@ -25,6 +38,8 @@ from __future__ import annotations
 import json
 import os
 from typing import Any, Iterator, Mapping, Sequence
+
+import numpy as np
 
 from . import _core
 from .array import Group, _store
@@ -51,6 +66,27 @@ def _env_int(name: str, default: int) -> int:
     return int(text) if text else default
 
 
+def default_rank_and_world_size() -> tuple[int, int]:
+    """torch.distributed's rank and world size when a process group is initialized, else the
+    ``RANK`` and ``WORLD_SIZE`` environment variables (as torchrun sets them), else (0, 1)."""
+    import sys
+    torch = sys.modules.get("torch")  # never import torch just to ask
+    if torch is not None:
+        dist = getattr(torch, "distributed", None)
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+    return _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
+
+
+def _typed(array, dtype: str):
+    if dtype == "float16":
+        return array.view(np.float16)
+    if dtype == "bfloat16":
+        import ml_dtypes
+        return array.view(ml_dtypes.bfloat16)
+    return array
+
+
 class Loader:
     """Batches of (inputs, targets) from variables of a Zarr group; see the module docstring.
 
@@ -59,7 +95,13 @@ class Loader:
     ``{"name", "levels", "mean", "std"}``. ``normalize``: True (given statistics, else each
     array's ``zfeed_stats`` attribute ``{"mean": .., "std": ..}``, else none), False, or a dict
     ``{name: (mean, std)}``. ``crop``: ``(lat_start, lat_size, lon_start, lon_size)``.
-    ``rank``/``world_size`` default to the ``RANK``/``WORLD_SIZE`` environment variables.
+    ``random_crop``: ``(lat_size, lon_size)``, a window per sample drawn from (seed, epoch, time).
+    ``dtype``: "float32", "float16" or "bfloat16" for the inputs (and float targets).
+    ``order``: "auto", "random" or "chunks"; ``window``: time chunks per window (0: automatic);
+    ``cache_bytes``: the decoded-chunk cache budget (None: automatic). ``stacked``: the name of the
+    stacked array (default "data").
+    ``rank``/``world_size`` default to torch.distributed's (when initialized), else to the
+    ``RANK``/``WORLD_SIZE`` environment variables.
     ``drop_last``: True drops the remainder of the epoch that does not divide evenly among the
     ranks and the last incomplete batch; False pads every rank to the same count by repeating the
     epoch's first samples (as PyTorch's DistributedSampler does) and keeps the last, smaller batch.
@@ -68,7 +110,9 @@ class Loader:
     def __init__(self, store, inputs: Sequence, targets: Sequence = (), lead: int = 1, history: int = 1,
                  batch_size: int = 16, shuffle: bool = True, seed: int = 0, rank: int | None = None,
                  world_size: int | None = None, drop_last: bool = True, normalize: Any = True,
-                 prefetch: int = 2, epoch: int = 0, crop: Sequence[int] | None = None, path: str | None = None):
+                 prefetch: int = 2, epoch: int = 0, crop: Sequence[int] | None = None, path: str | None = None,
+                 random_crop: Sequence[int] | None = None, dtype: str = "float32", order: str = "auto",
+                 window: int = 0, cache_bytes: int | None = None, stacked: str = "data"):
         if isinstance(store, Group):
             core_store, group_path = store._core.store, store.path
         else:
@@ -79,6 +123,8 @@ class Loader:
             inputs = [inputs]
         if isinstance(targets, (str, Mapping)):
             targets = [targets]
+        default_rank, default_world = default_rank_and_world_size()
+        dtype = np.dtype(dtype).name if dtype != "bfloat16" else dtype
         spec = {
             "path": group_path,
             "inputs": [_variable(v, "inputs", normalize) for v in inputs],
@@ -88,18 +134,27 @@ class Loader:
             "batch_size": int(batch_size),
             "shuffle": bool(shuffle),
             "seed": int(seed),
-            "rank": int(rank) if rank is not None else _env_int("RANK", 0),
-            "world_size": int(world_size) if world_size is not None else _env_int("WORLD_SIZE", 1),
+            "rank": int(rank) if rank is not None else default_rank,
+            "world_size": int(world_size) if world_size is not None else default_world,
             "drop_last": bool(drop_last),
             "normalize": normalize is not False,
             "prefetch": int(prefetch),
             "epoch": int(epoch),
             "crop": [int(c) for c in crop] if crop is not None else None,
+            "random_crop": [int(c) for c in random_crop] if random_crop is not None else None,
+            "dtype": dtype,
+            "order": str(order),
+            "window": int(window),
+            "cache_bytes": int(cache_bytes) if cache_bytes is not None else None,
+            "stacked": str(stacked),
         }
-        for name in ("lead", "history", "batch_size", "seed", "rank", "world_size", "prefetch", "epoch"):
+        for name in ("lead", "history", "batch_size", "seed", "rank", "world_size", "prefetch", "epoch", "window"):
             if spec[name] < 0:
                 raise _core.ZarrError(f"loader: {name} must not be negative, got {spec[name]}")
+        if spec["cache_bytes"] is not None and spec["cache_bytes"] < 0:
+            raise _core.ZarrError(f"loader: cache_bytes must not be negative, got {spec['cache_bytes']}")
         self._core = _core.Loader(core_store, json.dumps(spec))
+        self._random_crop = random_crop is not None
 
     def __len__(self) -> int:
         """Batches per epoch on this rank."""
@@ -113,8 +168,13 @@ class Loader:
             item = self._core.next()
             if item is None:
                 return
-            inputs, targets, times, _epoch, _index = item
-            yield {"inputs": inputs, "targets": targets, "times": times}
+            inputs, targets, times, _epoch, _index, crops = item
+            batch = {"inputs": _typed(inputs, self._core.input_dtype),
+                     "targets": targets[:, 0] if self._core.label_targets else _typed(targets, self._core.target_dtype),
+                     "times": times}
+            if self._random_crop:
+                batch["crops"] = crops
+            yield batch
 
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch`` from its first batch (a no-op for the current epoch, so that a restored
@@ -136,7 +196,30 @@ class Loader:
 
     @property
     def target_shape(self) -> tuple:
-        return tuple(self._core.target_shape)
+        """``[batch, channels, lat, lon]``, or ``[batch, lat, lon]`` for label targets."""
+        shape = tuple(self._core.target_shape)
+        return (shape[0],) + shape[2:] if self._core.label_targets else shape
+
+    @property
+    def dtype(self) -> str:
+        """The element type of the inputs."""
+        return self._core.input_dtype
+
+    @property
+    def target_dtype(self) -> str:
+        """The element type of the targets ("int64" for labels)."""
+        return self._core.target_dtype
+
+    @property
+    def order(self) -> str:
+        """The sample order in use: "random" or "chunks" (chunk-aware)."""
+        return self._core.order
+
+    @property
+    def memory_bound(self) -> int:
+        """Bytes the loader holds at most while the consumer keeps one batch at a time: batch
+        buffers, the decoded-chunk cache budget and one batch's chunks in flight."""
+        return self._core.memory_bound
 
     @property
     def input_channels(self) -> list[dict]:
@@ -156,9 +239,11 @@ class Loader:
         self._core.restore_json(json.dumps(dict(state)))
 
     def stats(self) -> dict:
-        """Seconds per stage (read_s: read + decode, assemble_s: cast + normalize, wait_s: the
-        consumer waiting, prefetch_idle_s), bytes decoded and delivered, batches, samples and
-        batch buffers allocated."""
+        """Seconds per stage, summed over zfeed's threads: read_s (storage reads), decode_s
+        (codecs), assemble_s (scatter, cast, normalize); wall seconds: batch_s (producing batches),
+        wait_s (the consumer waiting in the iterator), prefetch_idle_s; bytes read (compressed),
+        decoded and delivered; chunks decoded through the cache, cache hits and bytes held;
+        batches, samples and batch buffers allocated."""
         return json.loads(self._core.stats_json())
 
     def __repr__(self) -> str:

@@ -1,5 +1,8 @@
 #include "zfeed/loader/loader.h"
 
+#include <pthread.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -7,10 +10,15 @@
 #include <deque>
 #include <exception>
 #include <mutex>
+#include <new>
 #include <sstream>
+#include <type_traits>
+#include <unordered_map>
 
 #include "zfeed/codec/data_type.h"
 #include "zfeed/util/error.h"
+#include "zfeed/util/io_counters.h"
+#include "zfeed/util/scratch.h"
 #include "zfeed/util/thread_pool.h"
 #include "zfeed/zarr/group.h"
 
@@ -75,54 +83,134 @@ VariableSpec parse_variable(const Json& value, const char* role) {
   return spec;
 }
 
+// Input element tags for values stored as 16-bit floats.
+struct Float16Bits {
+  uint16_t bits;
+};
+struct BFloat16Bits {
+  uint16_t bits;
+};
+
 template <typename T>
-void convert_plain(const uint8_t* src, float* dst, size_t count) {
-  for (size_t i = 0; i < count; ++i) {
-    T value;
-    std::memcpy(&value, src + i * sizeof(T), sizeof(T));
-    dst[i] = static_cast<float>(value);
+float to_float(T value) {
+  if constexpr (std::is_same_v<T, Float16Bits>) {
+    return static_cast<float>(float16_to_double(value.bits));
+  } else if constexpr (std::is_same_v<T, BFloat16Bits>) {
+    uint32_t bits = uint32_t{value.bits} << 16;  // exact: bfloat16 is a float32's top half
+    float out;
+    std::memcpy(&out, &bits, 4);
+    return out;
+  } else {
+    return static_cast<float>(value);
   }
 }
 
-// Casts `count` values of `type` at `src` to float32 at `dst` (src == dst for float32).
-void convert_to_float(const uint8_t* src, DataType type, float* dst, size_t count) {
+template <typename T, OutputType Out>
+void cast_run(const uint8_t* src, uint8_t* dst, size_t count, Normalization normalization) {
+  constexpr size_t kOut = Out == OutputType::kInt64 ? 8 : (Out == OutputType::kFloat32 ? 4 : 2);
+  if constexpr (Out == OutputType::kInt64 && !std::is_same_v<T, Float16Bits> &&
+                !std::is_same_v<T, BFloat16Bits> && std::is_integral_v<T>) {
+    // Integer labels: exact, never through float.
+    for (size_t i = 0; i < count; ++i) {
+      T value;
+      std::memcpy(&value, src + i * sizeof(T), sizeof(T));
+      const int64_t label = static_cast<int64_t>(value);
+      std::memcpy(dst + i * kOut, &label, kOut);
+    }
+  } else if (normalization.enabled) {
+    for (size_t i = 0; i < count; ++i) {
+      T value;
+      std::memcpy(&value, src + i * sizeof(T), sizeof(T));
+      store_value(normalization.apply(to_float(value)), Out, dst + i * kOut);
+    }
+  } else {
+    for (size_t i = 0; i < count; ++i) {
+      T value;
+      std::memcpy(&value, src + i * sizeof(T), sizeof(T));
+      store_value(to_float(value), Out, dst + i * kOut);
+    }
+  }
+}
+
+template <typename T>
+void cast_to(const uint8_t* src, uint8_t* dst, OutputType out, size_t count,
+             Normalization normalization) {
+  switch (out) {
+    case OutputType::kFloat32:
+      return cast_run<T, OutputType::kFloat32>(src, dst, count, normalization);
+    case OutputType::kFloat16:
+      return cast_run<T, OutputType::kFloat16>(src, dst, count, normalization);
+    case OutputType::kBFloat16:
+      return cast_run<T, OutputType::kBFloat16>(src, dst, count, normalization);
+    case OutputType::kInt64:
+      return cast_run<T, OutputType::kInt64>(src, dst, count, normalization);
+  }
+}
+
+// Casts (and normalizes) `count` values of `type` at `src` into `out` values at `dst`. src may
+// equal dst when both elements have the same size (float32 in place).
+void cast_values(const uint8_t* src, DataType type, uint8_t* dst, OutputType out, size_t count,
+                 Normalization normalization) {
   switch (type.id) {
     case DataTypeId::kBool:
     case DataTypeId::kUInt8:
-      return convert_plain<uint8_t>(src, dst, count);
+      return cast_to<uint8_t>(src, dst, out, count, normalization);
     case DataTypeId::kInt8:
-      return convert_plain<int8_t>(src, dst, count);
+      return cast_to<int8_t>(src, dst, out, count, normalization);
     case DataTypeId::kInt16:
-      return convert_plain<int16_t>(src, dst, count);
+      return cast_to<int16_t>(src, dst, out, count, normalization);
     case DataTypeId::kUInt16:
-      return convert_plain<uint16_t>(src, dst, count);
+      return cast_to<uint16_t>(src, dst, out, count, normalization);
     case DataTypeId::kInt32:
-      return convert_plain<int32_t>(src, dst, count);
+      return cast_to<int32_t>(src, dst, out, count, normalization);
     case DataTypeId::kUInt32:
-      return convert_plain<uint32_t>(src, dst, count);
+      return cast_to<uint32_t>(src, dst, out, count, normalization);
     case DataTypeId::kInt64:
-      return convert_plain<int64_t>(src, dst, count);
+      return cast_to<int64_t>(src, dst, out, count, normalization);
     case DataTypeId::kUInt64:
-      return convert_plain<uint64_t>(src, dst, count);
-    case DataTypeId::kFloat64:
-      return convert_plain<double>(src, dst, count);
+      return cast_to<uint64_t>(src, dst, out, count, normalization);
     case DataTypeId::kFloat32:
-      if (static_cast<const void*>(src) != static_cast<const void*>(dst)) {
-        std::memcpy(dst, src, count * sizeof(float));
-      }
-      return;
+      return cast_to<float>(src, dst, out, count, normalization);
+    case DataTypeId::kFloat64:
+      return cast_to<double>(src, dst, out, count, normalization);
     case DataTypeId::kFloat16:
+      return cast_to<Float16Bits>(src, dst, out, count, normalization);
     case DataTypeId::kBFloat16:
-      for (size_t i = 0; i < count; ++i) {
-        uint16_t bits;
-        std::memcpy(&bits, src + 2 * i, 2);
-        dst[i] = static_cast<float>(type.id == DataTypeId::kFloat16 ? float16_to_double(bits)
-                                                                    : bfloat16_to_double(bits));
-      }
-      return;
+      return cast_to<BFloat16Bits>(src, dst, out, count, normalization);
     default:
-      throw UnsupportedError("loader: cannot cast " + std::string(type.name()) + " to float32");
+      throw UnsupportedError("loader: cannot cast " + std::string(type.name()) + " to " +
+                             output_name(out));
   }
+}
+
+bool is_integer_type(DataType type) {
+  switch (type.id) {
+    case DataTypeId::kBool:
+    case DataTypeId::kUInt8:
+    case DataTypeId::kInt8:
+    case DataTypeId::kInt16:
+    case DataTypeId::kUInt16:
+    case DataTypeId::kInt32:
+    case DataTypeId::kUInt32:
+    case DataTypeId::kInt64:
+    case DataTypeId::kUInt64:
+      return true;
+    default:
+      return false;
+  }
+}
+
+OutputType parse_output_type(const std::string& name) {
+  if (name == "float32") return OutputType::kFloat32;
+  if (name == "float16") return OutputType::kFloat16;
+  if (name == "bfloat16") return OutputType::kBFloat16;
+  throw Error("loader: dtype must be float32, float16 or bfloat16, got '" + name + "'");
+}
+
+uint64_t product(std::span<const uint64_t> values) {
+  uint64_t p = 1;
+  for (uint64_t v : values) p *= v;
+  return p;
 }
 
 }  // namespace
@@ -166,6 +254,28 @@ LoaderSpec LoaderSpec::from_json(std::shared_ptr<Store> store, const Json& json)
   bool_field("shuffle", spec.shuffle);
   bool_field("drop_last", spec.drop_last);
   bool_field("normalize", spec.normalize);
+  auto string_field = [&](const char* name, std::string& field) {
+    if (json.contains(name) && !json[name].is_null()) {
+      if (!json[name].is_string())
+        throw Error(std::string("loader: ") + name + " must be a string");
+      field = json[name].get<std::string>();
+    }
+  };
+  std::string dtype = "float32";
+  string_field("dtype", dtype);
+  spec.dtype = parse_output_type(dtype);
+  string_field("stacked", spec.stacked);
+  string_field("order", spec.order);
+  uint_field("window", spec.window);
+  if (json.contains("cache_bytes") && !json["cache_bytes"].is_null())
+    spec.cache_bytes = json_to_uint64(json["cache_bytes"], "loader: cache_bytes");
+  if (json.contains("random_crop") && !json["random_crop"].is_null()) {
+    const Json& size = json["random_crop"];
+    if (!size.is_array() || size.size() != 2)
+      throw Error("loader: random_crop is [lat_size, lon_size], got " + size.dump());
+    spec.random_crop = std::array<uint64_t, 2>{json_to_uint64(size[0], "loader: random_crop"),
+                                               json_to_uint64(size[1], "loader: random_crop")};
+  }
   if (json.contains("crop") && !json["crop"].is_null()) {
     const Json& crop = json["crop"];
     if (!crop.is_array() || crop.size() != 4) {
@@ -183,11 +293,17 @@ LoaderSpec LoaderSpec::from_json(std::shared_ptr<Store> store, const Json& json)
 
 Json LoaderStats::to_json() const {
   return Json{{"read_s", read_ns * 1e-9},
+              {"decode_s", decode_ns * 1e-9},
               {"assemble_s", assemble_ns * 1e-9},
+              {"batch_s", batch_ns * 1e-9},
               {"wait_s", wait_ns * 1e-9},
               {"prefetch_idle_s", idle_ns * 1e-9},
+              {"bytes_read", bytes_read},
               {"bytes_decoded", bytes_decoded},
               {"bytes_delivered", bytes_delivered},
+              {"chunks_decoded", chunks_decoded},
+              {"cache_hits", cache_hits},
+              {"cache_bytes", cache_bytes},
               {"batches", batches},
               {"samples", samples},
               {"buffers", buffers}};
@@ -211,16 +327,18 @@ struct Loader::Shared {
   bool stop = false;
   bool producer_waiting = false;
   bool producer_done = false;
-  size_t input_elements = 0, target_elements = 0, batch_size = 0;
+  size_t input_bytes = 0, target_bytes = 0, batch_size = 0;
 
-  std::atomic<uint64_t> read_ns{0}, assemble_ns{0}, wait_ns{0}, idle_ns{0}, bytes_decoded{0},
-      bytes_delivered{0}, batches{0}, samples{0}, buffers{0};
+  std::atomic<uint64_t> read_ns{0}, decode_ns{0}, assemble_ns{0}, batch_ns{0}, wait_ns{0},
+      idle_ns{0}, bytes_read{0}, bytes_decoded{0}, bytes_delivered{0}, chunks_decoded{0},
+      cache_hits{0}, cache_bytes{0}, batches{0}, samples{0}, buffers{0};
 
   std::unique_ptr<BatchMemory> allocate() {
     auto memory = std::make_unique<BatchMemory>();
-    memory->inputs.resize(input_elements);
-    memory->targets.resize(target_elements);
+    memory->inputs.resize(input_bytes);
+    memory->targets.resize(target_bytes);
     memory->times.resize(batch_size);
+    memory->crops.resize(2 * batch_size);
     ++buffers;
     return memory;
   }
@@ -237,7 +355,60 @@ struct Loader::Source {
   size_t array = 0;
   std::optional<uint64_t> level;
   size_t channel = 0;  // within one time step's channels
+  bool label = false;  // an integer target without statistics: a segmentation label
 };
+
+struct Loader::Piece {
+  size_t array = 0;
+  uint64_t time = 0;
+  std::optional<uint64_t> level;
+  uint64_t lat_start = 0, lon_start = 0;  // the crop origin in the array
+  uint8_t* dst = nullptr;                 // lat_ x lon_ values of `out`
+  OutputType out = OutputType::kFloat32;
+  Normalization normalization;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Fork safety: every live loader's lock is held across fork(), so that a forked child (a
+// DataLoader worker, a multiprocessing fork) never inherits it locked by a thread that does not
+// exist there; the child's loader then notices it has no prefetch thread and starts its own.
+
+namespace {
+
+std::mutex& live_loaders_mutex() {
+  static std::mutex mutex;
+  return mutex;
+}
+std::vector<Loader::Shared*>& live_loaders() {
+  static std::vector<Loader::Shared*> loaders;
+  return loaders;
+}
+void register_fork_handlers() {
+  static const bool registered = [] {
+    ::pthread_atfork(
+        [] {
+          live_loaders_mutex().lock();
+          for (Loader::Shared* shared : live_loaders()) shared->mutex.lock();
+        },
+        [] {
+          for (Loader::Shared* shared : live_loaders()) shared->mutex.unlock();
+          live_loaders_mutex().unlock();
+        },
+        [] {
+          // In the child the parent's threads are gone, yet a condition variable may still
+          // count them as waiters (a broadcast would wait for them forever): start it afresh.
+          for (Loader::Shared* shared : live_loaders()) {
+            new (&shared->cv) std::condition_variable();
+            shared->mutex.unlock();
+          }
+          live_loaders_mutex().unlock();
+        });
+    return true;
+  }();
+  (void)registered;
+}
+
+}  // namespace
 
 // ---------------------------------------------------------------------------------------------
 // Construction
@@ -247,16 +418,51 @@ Loader::Loader(LoaderSpec spec) : spec_(std::move(spec)), shared_(std::make_shar
   if (spec_.inputs.empty()) throw Error("loader: no input variables");
   if (spec_.history == 0) throw Error("loader: history must be at least 1");
   if (spec_.prefetch == 0) throw Error("loader: prefetch must be at least 1");
+  if (spec_.crop && spec_.random_crop) throw Error("loader: give crop or random_crop, not both");
+  if (spec_.order != "auto" && spec_.order != "random" && spec_.order != "chunks") {
+    throw Error("loader: order must be auto, random or chunks, got '" + spec_.order + "'");
+  }
   const std::string where = spec_.store->url() + (spec_.path.empty() ? "" : "/" + spec_.path);
 
-  std::vector<std::string> names;
-  auto array_of = [&](const std::string& name, const char* role) -> size_t {
+  std::vector<std::string> names;  // per array: its path in the group
+  auto open_array = [&](const std::string& name) -> size_t {
     for (size_t i = 0; i < names.size(); ++i) {
       if (names[i] == name) return i;
     }
+    arrays_.push_back(zarr::Array::open(spec_.store, zarr::join_key(spec_.path, name)));
+    names.push_back(name);
+    return arrays_.size() - 1;
+  };
+  // The stacked array's channel names, if the group has one.
+  std::optional<std::vector<std::string>> stacked_names;
+  auto stacked_channels = [&]() -> const std::vector<std::string>* {
+    if (!stacked_names) {
+      stacked_names.emplace();
+      try {
+        const size_t a = open_array(spec_.stacked);
+        const Json& attributes = arrays_[a].metadata().attributes;
+        if (arrays_[a].metadata().rank() == 4 && attributes.is_object() &&
+            attributes.contains("variables") && attributes["variables"].is_array()) {
+          for (const auto& item : attributes["variables"]) {
+            stacked_names->push_back(item.is_string() ? item.get<std::string>() : item.dump());
+          }
+        }
+      } catch (const NotFoundError&) {
+      }
+    }
+    return stacked_names->empty() ? nullptr : &*stacked_names;
+  };
+  // An array by name, else a channel of the stacked array: (array, stacked channel index).
+  auto find_variable = [&](const std::string& name,
+                           const char* role) -> std::pair<size_t, std::optional<uint64_t>> {
     try {
-      arrays_.push_back(zarr::Array::open(spec_.store, zarr::join_key(spec_.path, name)));
+      return {open_array(name), std::nullopt};
     } catch (const NotFoundError&) {
+      if (const auto* channels = stacked_channels()) {
+        for (size_t c = 0; c < channels->size(); ++c) {
+          if ((*channels)[c] == name) return {open_array(spec_.stacked), c};
+        }
+      }
       std::string members;
       try {
         for (const auto& member : zarr::Group::open(spec_.store, spec_.path).members()) {
@@ -264,21 +470,24 @@ Loader::Loader(LoaderSpec spec) : spec_(std::move(spec)), shared_(std::make_shar
         }
       } catch (const Error&) {
       }
+      if (const auto* channels = stacked_channels()) {
+        members +=
+            std::string(members.empty() ? "" : "; ") + "stacked in '" + spec_.stacked + "': ";
+        for (size_t c = 0; c < channels->size(); ++c) members += (c ? ", " : "") + (*channels)[c];
+      }
       throw NotFoundError("loader: " + std::string(role) + " variable '" + name +
                           "' not found in " + where +
                           (members.empty() ? "" : " (it holds: " + members + ")"));
     } catch (const Error&) {
       rethrow_with_context("loader: " + std::string(role) + " variable '" + name + "'");
     }
-    names.push_back(name);
-    return arrays_.size() - 1;
   };
 
-  size_t reference = 0;  // the array the others are checked against
+  std::optional<size_t> reference;  // the array the others are checked against
   auto resolve = [&](const std::vector<VariableSpec>& variables, const char* role,
                      std::vector<Source>& sources, std::vector<Channel>& channels) {
     for (const auto& variable : variables) {
-      const size_t a = array_of(variable.name, role);
+      const auto [a, stacked_channel] = find_variable(variable.name, role);
       const auto& meta = arrays_[a].metadata();
       const std::string what = std::string("loader: ") + role + " variable '" + variable.name + "'";
       if (meta.rank() != 3 && meta.rank() != 4) {
@@ -287,17 +496,23 @@ Loader::Loader(LoaderSpec spec) : spec_(std::move(spec)), shared_(std::make_shar
       }
       if (meta.dtype.is_complex())
         throw UnsupportedError(what + " is " + std::string(meta.dtype.name()) +
-                               ": complex values cannot be cast to float32");
-      const auto& first = arrays_[reference].metadata();
+                               ": complex values cannot be cast to a batch");
+      if (!reference) reference = a;
+      const auto& first = arrays_[*reference].metadata();
       const size_t r = meta.rank(), r0 = first.rank();
       if (meta.shape[0] != first.shape[0] || meta.shape[r - 2] != first.shape[r0 - 2] ||
           meta.shape[r - 1] != first.shape[r0 - 1]) {
-        throw Error(what + " has shape " + shape_text(meta.shape) + " but '" + names[reference] +
+        throw Error(what + " has shape " + shape_text(meta.shape) + " but '" + names[*reference] +
                     "' has " + shape_text(first.shape) +
                     ": every variable needs the same time, lat and lon extents");
       }
       std::vector<std::optional<uint64_t>> levels;
-      if (r == 3) {
+      if (stacked_channel) {
+        if (!variable.levels.empty())
+          throw Error(what + " is a channel of the stacked array '" + spec_.stacked +
+                      "' and has no levels to select");
+        levels.push_back(*stacked_channel);
+      } else if (r == 3) {
         if (!variable.levels.empty())
           throw Error(what + " has no level dimension, but levels were given");
         levels.push_back(std::nullopt);
@@ -312,7 +527,8 @@ Loader::Loader(LoaderSpec spec) : spec_(std::move(spec)), shared_(std::make_shar
           levels.push_back(l);
         }
       }
-      // Statistics: given, else the zfeed_stats attribute, else none.
+      // Statistics: given, else the zfeed_stats attribute, else none. An attribute with a list
+      // holds one value per index along dim 1 (levels, or stacked variables).
       std::vector<double> mean = variable.mean, stdev = variable.std;
       bool per_level_attribute = false;
       if (spec_.normalize && mean.empty() && meta.attributes.is_object() &&
@@ -328,7 +544,7 @@ Loader::Loader(LoaderSpec spec) : spec_(std::move(spec)), shared_(std::make_shar
             (mean.size() != meta.shape[1] || stdev.size() != meta.shape[1])) {
           throw Error(what + ": zfeed_stats has " + std::to_string(mean.size()) + " means and " +
                       std::to_string(stdev.size()) + " stds for " + std::to_string(meta.shape[1]) +
-                      " levels");
+                      " entries along dim 1");
         }
       }
       if (!per_level_attribute && mean.size() > 1 &&
@@ -337,11 +553,17 @@ Loader::Loader(LoaderSpec spec) : spec_(std::move(spec)), shared_(std::make_shar
                     std::to_string(levels.size()) + "), got " + std::to_string(mean.size()) +
                     " and " + std::to_string(stdev.size()));
       }
+      // An integer target without statistics is a label (a segmentation mask); with statistics
+      // it is a packed physical quantity, normalized like any other.
+      const bool has_stats = !variable.mean.empty() || (meta.attributes.is_object() &&
+                                                        meta.attributes.contains("zfeed_stats"));
+      const bool label =
+          std::string_view(role) == "target" && is_integer_type(meta.dtype) && !has_stats;
       for (size_t k = 0; k < levels.size(); ++k) {
         Channel channel;
         channel.variable = variable.name;
         channel.level = levels[k];
-        if (spec_.normalize && !mean.empty()) {
+        if (spec_.normalize && !mean.empty() && !label) {
           const size_t i = per_level_attribute ? *levels[k] : (mean.size() == 1 ? 0 : k);
           channel.normalized = true;
           channel.mean = static_cast<float>(mean[i]);
@@ -352,7 +574,7 @@ Loader::Loader(LoaderSpec spec) : spec_(std::move(spec)), shared_(std::make_shar
                         std::to_string(mean[i]) + ", std " + std::to_string(stdev[i]) + ")");
           }
         }
-        sources.push_back(Source{a, levels[k], channels.size()});
+        sources.push_back(Source{a, levels[k], channels.size(), label});
         channels.push_back(channel);
       }
     }
@@ -368,10 +590,24 @@ Loader::Loader(LoaderSpec spec) : spec_(std::move(spec)), shared_(std::make_shar
   }
   for (auto& channel : target_channels_) channel.time_offset = static_cast<int64_t>(spec_.lead);
 
-  const auto& first = arrays_[reference].metadata();
+  // Label targets come out as int64, one channel.
+  size_t label_targets = 0;
+  for (const auto& source : target_sources_) label_targets += source.label ? 1 : 0;
+  if (label_targets > 0) {
+    if (target_sources_.size() != 1) {
+      throw Error(
+          "loader: integer targets without statistics are labels (segmentation masks): "
+          "give one label variable with one channel as the only target, got " +
+          std::to_string(target_sources_.size()) + " target channels of which " +
+          std::to_string(label_targets) + " are labels");
+    }
+    labels_ = true;
+  }
+
+  const auto& first = arrays_[*reference].metadata();
   time_extent_ = first.shape[0];
-  lat_ = first.shape[first.rank() - 2];
-  lon_ = first.shape[first.rank() - 1];
+  full_lat_ = lat_ = first.shape[first.rank() - 2];
+  full_lon_ = lon_ = first.shape[first.rank() - 1];
   if (spec_.crop) {
     const Crop& c = *spec_.crop;
     if (c.lat_size == 0 || c.lon_size == 0 || c.lat_start + c.lat_size > lat_ ||
@@ -387,11 +623,42 @@ Loader::Loader(LoaderSpec spec) : spec_(std::move(spec)), shared_(std::make_shar
     lat_ = c.lat_size;
     lon_ = c.lon_size;
   }
+  if (spec_.random_crop) {
+    const auto [h, w] = *spec_.random_crop;
+    if (h == 0 || w == 0 || h > lat_ || w > lon_) {
+      throw Error("loader: random_crop [" + std::to_string(h) + ", " + std::to_string(w) +
+                  "] (lat_size, lon_size) does not fit the " + std::to_string(lat_) + " x " +
+                  std::to_string(lon_) + " grid");
+    }
+    lat_ = h;
+    lon_ = w;
+  }
   if (time_extent_ < spec_.history + spec_.lead) {
     throw Error("loader: no valid samples: " + std::to_string(time_extent_) +
                 " time steps with history " + std::to_string(spec_.history) + " and lead " +
                 std::to_string(spec_.lead));
   }
+
+  // Which arrays go through the decoded-chunk cache, and the time chunking that sets the order.
+  uint64_t time_chunk = 1, chunk_row_bytes = 0;
+  read_chunks_.resize(arrays_.size());
+  cached_.resize(arrays_.size());
+  for (size_t a = 0; a < arrays_.size(); ++a) {
+    const auto& meta = arrays_[a].metadata();
+    read_chunks_[a] = arrays_[a].read_chunk_shape();
+    const auto& chunk = read_chunks_[a];
+    const uint64_t planes = chunk[0] * (meta.rank() == 4 ? chunk[1] : 1);
+    cached_[a] = planes > 1;
+    time_chunk = std::max(time_chunk, chunk[0]);
+    // One time chunk of the array (all of its chunks along the other dims).
+    uint64_t row = chunk[0] * meta.dtype.size();
+    for (size_t d = 1; d < meta.rank(); ++d)
+      row *= (meta.shape[d] + chunk[d] - 1) / chunk[d] * chunk[d];
+    chunk_row_bytes += row;
+  }
+  const bool chunk_order =
+      spec_.shuffle && (spec_.order == "chunks" || (spec_.order == "auto" && time_chunk > 1));
+
   SamplerOptions options;
   options.num_samples = time_extent_ - spec_.history - spec_.lead + 1;
   options.batch_size = spec_.batch_size;
@@ -400,18 +667,43 @@ Loader::Loader(LoaderSpec spec) : spec_(std::move(spec)), shared_(std::make_shar
   options.rank = spec_.rank;
   options.world_size = spec_.world_size;
   options.drop_last = spec_.drop_last;
+  uint64_t window = 1;
+  if (chunk_order && time_chunk > 1) {
+    window = spec_.window > 0
+                 ? spec_.window
+                 : std::max<uint64_t>(2, (spec_.batch_size + time_chunk - 1) / time_chunk);
+    options.group_size = time_chunk;
+    options.group_offset = spec_.history - 1;
+    options.window = window;
+  }
   sampler_ = Sampler(options);
   epoch_ = spec_.epoch;
-  scratch_.resize(arrays_.size());
+  // The cache: given, else enough for two windows of time chunks plus the chunks a window's
+  // last samples reach into (history and lead), else nothing kept between batches.
+  uint64_t budget = 0;
+  if (spec_.cache_bytes) {
+    budget = *spec_.cache_bytes;
+  } else if (options.group_size > 1) {
+    budget = (2 * window + 2) * chunk_row_bytes;
+  }
+  cache_ = ChunkCache(budget);
 
   auto in = input_shape(), out = target_shape();
-  shared_->input_elements = in[0] * in[1] * in[2] * in[3];
-  shared_->target_elements = out[0] * out[1] * out[2] * out[3];
+  shared_->input_bytes = in[0] * in[1] * in[2] * in[3] * output_size(input_type());
+  shared_->target_bytes = out[0] * out[1] * out[2] * out[3] * output_size(target_type());
   shared_->batch_size = spec_.batch_size;
   for (uint64_t i = 0; i < spec_.prefetch + 1; ++i) shared_->free.push_back(shared_->allocate());
+  register_fork_handlers();
+  std::lock_guard lock(live_loaders_mutex());
+  live_loaders().push_back(shared_.get());
 }
 
-Loader::~Loader() { stop_producer(); }
+Loader::~Loader() {
+  stop_producer();
+  std::lock_guard lock(live_loaders_mutex());
+  auto& loaders = live_loaders();
+  loaders.erase(std::remove(loaders.begin(), loaders.end(), shared_.get()), loaders.end());
+}
 
 std::array<uint64_t, 4> Loader::input_shape() const {
   return {spec_.batch_size, input_channels_.size(), lat_, lon_};
@@ -420,93 +712,251 @@ std::array<uint64_t, 4> Loader::target_shape() const {
   return {spec_.batch_size, target_channels_.size(), lat_, lon_};
 }
 
-// ---------------------------------------------------------------------------------------------
-// Assembly: read every (sample, variable, level, time) straight into its channel's place, then
-// cast and normalize in one pass over the channels.
+uint64_t Loader::memory_bound() const {
+  const uint64_t batch = shared_->input_bytes + shared_->target_bytes;
+  // One batch's distinct chunks in flight: at most every plane of the batch in its own chunk.
+  // Direct reads use one scratch plane per thread.
+  uint64_t in_flight = 0, scratch = 0;
+  const uint64_t samples = spec_.batch_size;
+  auto add = [&](const std::vector<Source>& sources, uint64_t steps) {
+    for (const auto& source : sources) {
+      const auto& meta = arrays_[source.array].metadata();
+      if (cached_[source.array]) {
+        in_flight += samples * steps * product(read_chunks_[source.array]) * meta.dtype.size();
+      } else {
+        scratch = std::max<uint64_t>(scratch, lat_ * lon_ * meta.dtype.size());
+      }
+    }
+  };
+  add(input_sources_, spec_.history);
+  add(target_sources_, 1);
+  // In flight twice: the batch's chunks, and as many spare buffers kept for the next batch.
+  return (spec_.prefetch + 1) * batch + cache_.budget() + 2 * in_flight +
+         ThreadPool::shared().size() * scratch;
+}
 
-void Loader::assemble(std::span<const uint64_t> times, float* inputs, float* targets) {
+std::array<uint64_t, 2> Loader::crop_origin(uint64_t epoch, uint64_t time) const {
+  if (!spec_.random_crop) return {lat_start_, lon_start_};
+  SplitMix64 rng(spec_.seed ^ (0xA0761D6478BD642Full * (epoch + 1)) ^
+                 (0xE7037ED1A0B428DBull * (time + 1)));
+  const uint64_t lat = rng.below(full_lat_ - lat_ + 1);
+  const uint64_t lon = rng.below(full_lon_ - lon_ + 1);
+  return {lat, lon};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Assembly
+
+void Loader::assemble(uint64_t epoch, std::span<const uint64_t> times, void* inputs_ptr,
+                      void* targets_ptr) {
+  const auto batch_start = Clock::now();
+  auto* inputs = static_cast<uint8_t*>(inputs_ptr);
+  auto* targets = static_cast<uint8_t*>(targets_ptr);
   const size_t plane = lat_ * lon_;
   const size_t step_channels = input_sources_.size();
-  struct Piece {
-    float* dst;
-    uint8_t* src;  // where read_many writes: dst for float32, else the array's scratch
-    const Channel* channel;
-  };
-  std::vector<std::vector<zarr::Selection>> selections(arrays_.size());
-  std::vector<std::vector<Piece>> pieces(arrays_.size());
-
-  // Scratch space first (its pointers must not move while pieces are recorded).
-  std::vector<size_t> reads(arrays_.size(), 0);
-  for (const auto& s : input_sources_) reads[s.array] += times.size() * spec_.history;
-  for (const auto& s : target_sources_) reads[s.array] += times.size();
-  for (size_t a = 0; a < arrays_.size(); ++a) {
-    const DataType type = arrays_[a].metadata().dtype;
-    if (type.id != DataTypeId::kFloat32) scratch_[a].resize(reads[a] * plane * type.size());
-    selections[a].reserve(reads[a]);
-    pieces[a].reserve(reads[a]);
-  }
-  auto add = [&](const Source& source, uint64_t time, float* dst, const Channel& channel) {
-    const zarr::Array& array = arrays_[source.array];
-    zarr::Selection selection{{time, time + 1, 1}};
-    if (source.level) selection.push_back({*source.level, *source.level + 1, 1});
-    selection.push_back({lat_start_, lat_start_ + lat_, 1});
-    selection.push_back({lon_start_, lon_start_ + lon_, 1});
-    const DataType type = array.metadata().dtype;
-    uint8_t* src =
-        type.id == DataTypeId::kFloat32
-            ? reinterpret_cast<uint8_t*>(dst)
-            : scratch_[source.array].data() + pieces[source.array].size() * plane * type.size();
-    selections[source.array].push_back(std::move(selection));
-    pieces[source.array].push_back(Piece{dst, src, &channel});
-  };
   const size_t input_channels = input_channels_.size(), target_channels = target_channels_.size();
+  const size_t in_size = output_size(input_type()), out_size = output_size(target_type());
+  std::vector<Piece> direct, cached;
+  auto add = [&](const Source& source, uint64_t time, std::array<uint64_t, 2> origin, uint8_t* dst,
+                 OutputType out, const Channel& channel) {
+    Piece piece{source.array, time, source.level, origin[0],
+                origin[1],    dst,  out,          channel.normalization()};
+    (cached_[source.array] ? cached : direct).push_back(piece);
+  };
   for (size_t i = 0; i < times.size(); ++i) {
+    const auto origin = crop_origin(epoch, times[i]);
     for (uint64_t h = 0; h < spec_.history; ++h) {
       const uint64_t time = times[i] + 1 + h - spec_.history;
       for (const auto& source : input_sources_) {
         const size_t c = h * step_channels + source.channel;
-        add(source, time, inputs + (i * input_channels + c) * plane, input_channels_[c]);
+        add(source, time, origin, inputs + (i * input_channels + c) * plane * in_size, input_type(),
+            input_channels_[c]);
       }
     }
     for (const auto& source : target_sources_) {
-      add(source, times[i] + spec_.lead, targets + (i * target_channels + source.channel) * plane,
+      add(source, times[i] + spec_.lead, origin,
+          targets + (i * target_channels + source.channel) * plane * out_size, target_type(),
           target_channels_[source.channel]);
     }
   }
+  read_cached(cached);
+  read_direct(direct);
+  shared_->batch_ns += elapsed_ns(batch_start);
+}
 
-  auto start = Clock::now();
-  uint64_t decoded = 0;
-  for (size_t a = 0; a < arrays_.size(); ++a)
-    decoded += pieces[a].size() * plane * arrays_[a].metadata().dtype.size();
-  ThreadPool::shared().parallel_for(arrays_.size(), [&](size_t a) {
-    if (selections[a].empty()) return;
-    std::vector<void*> outs;
-    outs.reserve(pieces[a].size());
-    for (const auto& piece : pieces[a]) outs.push_back(piece.src);
-    arrays_[a].read_many(selections[a], outs);
+// Pieces whose array has one plane per read chunk: read straight into the batch (float32 to
+// float32 decodes in place), then cast and normalized while the plane is still in cache.
+void Loader::read_direct(std::span<const Piece> pieces) {
+  const size_t plane = lat_ * lon_;
+  ThreadPool::shared().parallel_for(pieces.size(), [&](size_t p) {
+    const Piece& piece = pieces[p];
+    const zarr::Array& array = arrays_[piece.array];
+    const DataType type = array.metadata().dtype;
+    zarr::Selection selection{{piece.time, piece.time + 1, 1}};
+    if (piece.level) selection.push_back({*piece.level, *piece.level + 1, 1});
+    selection.push_back({piece.lat_start, piece.lat_start + lat_, 1});
+    selection.push_back({piece.lon_start, piece.lon_start + lon_, 1});
+    IoCounters& io = thread_io_counters();
+    const IoCounters io_before = io;
+    const auto start = Clock::now();
+    uint64_t decode_end_ns = 0;
+    if (type.id == DataTypeId::kFloat32 && piece.out == OutputType::kFloat32) {
+      array.read(selection, piece.dst);
+      decode_end_ns = elapsed_ns(start);
+      if (piece.normalization.enabled) {
+        cast_values(piece.dst, type, piece.dst, piece.out, plane, piece.normalization);
+      }
+    } else {
+      ScratchBuffer scratch(plane * type.size());
+      array.read(selection, scratch.data());
+      decode_end_ns = elapsed_ns(start);
+      cast_values(scratch.data(), type, piece.dst, piece.out, plane, piece.normalization);
+    }
+    const uint64_t total_ns = elapsed_ns(start);
+    const uint64_t io_ns = io.read_ns - io_before.read_ns;
+    shared_->read_ns += io_ns;
+    shared_->decode_ns += decode_end_ns > io_ns ? decode_end_ns - io_ns : 0;
+    shared_->assemble_ns += total_ns - decode_end_ns;
+    shared_->bytes_read += io.read_bytes - io_before.read_bytes;
+    shared_->bytes_decoded += plane * type.size();
   });
-  shared_->read_ns += elapsed_ns(start);
-  shared_->bytes_decoded += decoded;
+}
 
-  start = Clock::now();
-  std::vector<std::pair<size_t, size_t>> work;  // (array, piece) needing a cast or normalization
-  for (size_t a = 0; a < arrays_.size(); ++a) {
-    const bool cast = arrays_[a].metadata().dtype.id != DataTypeId::kFloat32;
-    for (size_t p = 0; p < pieces[a].size(); ++p) {
-      if (cast || pieces[a][p].channel->normalized) work.emplace_back(a, p);
+// Pieces whose array has several planes per read chunk: the batch's distinct chunks come from the
+// cache or are decoded once (in parallel), then every piece is scattered from them.
+void Loader::read_cached(std::span<const Piece> pieces) {
+  if (pieces.empty()) return;
+  struct Span {
+    uint64_t first, last;  // chunk indices along lat and lon
+  };
+  auto spans = [&](const Piece& piece) {
+    const auto& chunk = read_chunks_[piece.array];
+    const size_t r = chunk.size();
+    return std::array<Span, 2>{
+        Span{piece.lat_start / chunk[r - 2], (piece.lat_start + lat_ - 1) / chunk[r - 2]},
+        Span{piece.lon_start / chunk[r - 1], (piece.lon_start + lon_ - 1) / chunk[r - 1]}};
+  };
+  auto key_of = [&](const Piece& piece, uint64_t y, uint64_t x) {
+    const auto& chunk = read_chunks_[piece.array];
+    ChunkKey key;
+    key.array = static_cast<uint32_t>(piece.array);
+    key.chunk.push_back(piece.time / chunk[0]);
+    if (chunk.size() == 4) key.chunk.push_back(piece.level.value_or(0) / chunk[1]);
+    key.chunk.push_back(y);
+    key.chunk.push_back(x);
+    return key;
+  };
+
+  std::unordered_map<ChunkKey, std::shared_ptr<Bytes>, ChunkKeyHash> chunks;
+  std::vector<ChunkKey> missing;
+  for (const Piece& piece : pieces) {
+    const auto [ys, xs] = spans(piece);
+    for (uint64_t y = ys.first; y <= ys.last; ++y) {
+      for (uint64_t x = xs.first; x <= xs.last; ++x) {
+        ChunkKey key = key_of(piece, y, x);
+        if (chunks.count(key)) continue;
+        auto found = cache_.find(key);
+        if (found) {
+          ++shared_->cache_hits;
+        } else {
+          missing.push_back(key);
+        }
+        chunks.emplace(std::move(key), std::move(found));
+      }
     }
   }
-  ThreadPool::shared().parallel_for(work.size(), [&](size_t w) {
-    const auto [a, p] = work[w];
-    const Piece& piece = pieces[a][p];
-    convert_to_float(piece.src, arrays_[a].metadata().dtype, piece.dst, plane);
-    if (piece.channel->normalized) {
-      const float mean = piece.channel->mean, stdev = piece.channel->std;
-      float* values = piece.dst;
-      for (size_t k = 0; k < plane; ++k) values[k] = (values[k] - mean) / stdev;
+
+  // The chunk's box in the array: [start, start + count) per dim.
+  auto chunk_box = [&](const ChunkKey& key, std::vector<uint64_t>& start,
+                       std::vector<uint64_t>& count) {
+    const auto& meta = arrays_[key.array].metadata();
+    const auto& chunk = read_chunks_[key.array];
+    start.resize(chunk.size());
+    count.resize(chunk.size());
+    for (size_t d = 0; d < chunk.size(); ++d) {
+      start[d] = key.chunk[d] * chunk[d];
+      count[d] = std::min(chunk[d], meta.shape[d] - start[d]);
     }
+  };
+  std::vector<std::shared_ptr<Bytes>> decoded(missing.size());
+  for (size_t m = 0; m < missing.size(); ++m) {
+    std::vector<uint64_t> start, count;
+    chunk_box(missing[m], start, count);
+    const size_t size = product(count) * arrays_[missing[m].array].metadata().dtype.size();
+    if (!spare_chunks_.empty()) {
+      decoded[m] = std::move(spare_chunks_.back());
+      spare_chunks_.pop_back();
+      decoded[m]->resize(size);
+    } else {
+      decoded[m] = std::make_shared<Bytes>(size);
+    }
+  }
+  ThreadPool::shared().parallel_for(missing.size(), [&](size_t m) {
+    std::vector<uint64_t> start, count;
+    chunk_box(missing[m], start, count);
+    zarr::Selection selection;
+    for (size_t d = 0; d < start.size(); ++d)
+      selection.push_back({start[d], start[d] + count[d], 1});
+    IoCounters& io = thread_io_counters();
+    const IoCounters io_before = io;
+    const auto begin = Clock::now();
+    arrays_[missing[m].array].read(selection, decoded[m]->data());
+    const uint64_t total_ns = elapsed_ns(begin), io_ns = io.read_ns - io_before.read_ns;
+    shared_->read_ns += io_ns;
+    shared_->decode_ns += total_ns > io_ns ? total_ns - io_ns : 0;
+    shared_->bytes_read += io.read_bytes - io_before.read_bytes;
+    shared_->bytes_decoded += decoded[m]->size();
   });
-  shared_->assemble_ns += elapsed_ns(start);
+  shared_->chunks_decoded += missing.size();
+  for (size_t m = 0; m < missing.size(); ++m) {
+    cache_.insert(missing[m], decoded[m]);
+    chunks[missing[m]] = decoded[m];
+  }
+  shared_->cache_bytes = cache_.bytes();
+
+  ThreadPool::shared().parallel_for(pieces.size(), [&](size_t p) {
+    const auto begin = Clock::now();
+    const Piece& piece = pieces[p];
+    const DataType type = arrays_[piece.array].metadata().dtype;
+    const size_t element = type.size(), out_size = output_size(piece.out);
+    const auto [ys, xs] = spans(piece);
+    std::vector<uint64_t> start, count;
+    for (uint64_t y = ys.first; y <= ys.last; ++y) {
+      for (uint64_t x = xs.first; x <= xs.last; ++x) {
+        const ChunkKey key = key_of(piece, y, x);
+        const Bytes& bytes = *chunks.at(key);
+        chunk_box(key, start, count);
+        const size_t r = start.size();
+        // The plane (time, level) inside the chunk, then the rows of the crop it covers.
+        uint64_t plane_index = piece.time - start[0];
+        if (r == 4) plane_index = plane_index * count[1] + (piece.level.value_or(0) - start[1]);
+        const uint64_t rows = count[r - 2], cols = count[r - 1];
+        const uint64_t y0 = std::max(piece.lat_start, start[r - 2]);
+        const uint64_t y1 = std::min(piece.lat_start + lat_, start[r - 2] + rows);
+        const uint64_t x0 = std::max(piece.lon_start, start[r - 1]);
+        const uint64_t x1 = std::min(piece.lon_start + lon_, start[r - 1] + cols);
+        for (uint64_t row = y0; row < y1; ++row) {
+          const uint64_t src =
+              (plane_index * rows + (row - start[r - 2])) * cols + (x0 - start[r - 1]);
+          const uint64_t dst = (row - piece.lat_start) * lon_ + (x0 - piece.lon_start);
+          cast_values(bytes.data() + src * element, type, piece.dst + dst * out_size, piece.out,
+                      x1 - x0, piece.normalization);
+        }
+      }
+    }
+    shared_->assemble_ns += elapsed_ns(begin);
+  });
+
+  // Recycle the buffers nobody holds any more (decoded for this batch only, or evicted).
+  chunks.clear();
+  decoded.clear();  // what is left is held by the cache or was evicted (or refused) by it
+  auto evicted = cache_.take_evicted();
+  const size_t keep = std::max<size_t>(missing.size(), 4);
+  for (auto& chunk : evicted) {
+    if (chunk && chunk.use_count() == 1 && spare_chunks_.size() < keep) {
+      spare_chunks_.push_back(std::move(chunk));
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -540,9 +990,12 @@ void Loader::produce(uint64_t epoch, uint64_t first_batch) {
       for (uint64_t i = 0; i < ready.size; ++i) {
         times[i] = sample_time(indices[begin + i]);
         ready.memory->times[i] = static_cast<int64_t>(times[i]);
+        const auto origin = crop_origin(epoch, times[i]);
+        ready.memory->crops[2 * i] = static_cast<int64_t>(origin[0]);
+        ready.memory->crops[2 * i + 1] = static_cast<int64_t>(origin[1]);
       }
       try {
-        assemble(times, ready.memory->inputs.data(), ready.memory->targets.data());
+        assemble(epoch, times, ready.memory->inputs.data(), ready.memory->targets.data());
       } catch (...) {
         ready.error = std::current_exception();
       }
@@ -572,26 +1025,42 @@ void Loader::produce(uint64_t epoch, uint64_t first_batch) {
 }
 
 void Loader::start_producer() {
-  if (producer_running_) return;
+  if (producer_ && producer_pid_ != ::getpid()) {
+    // A forked child: the prefetch thread stayed in the parent. Drop its handle without a join
+    // and whatever it had prepared (its batch in progress is lost with it), then start afresh.
+    (void)producer_.release();
+    std::lock_guard lock(shared_->mutex);
+    for (auto& ready : shared_->ready) {
+      if (ready.memory) shared_->free.push_back(std::move(ready.memory));
+    }
+    shared_->ready.clear();
+    if (shared_->free.empty()) shared_->free.push_back(shared_->allocate());
+  }
+  if (producer_) return;
   {
     std::lock_guard lock(shared_->mutex);
     shared_->stop = false;
     shared_->producer_done = false;
     shared_->producer_waiting = false;
   }
-  producer_ = std::thread([this, epoch = epoch_, first = position_] { produce(epoch, first); });
-  producer_running_ = true;
+  producer_pid_ = ::getpid();
+  producer_ = std::make_unique<std::thread>(
+      [this, epoch = epoch_, first = position_] { produce(epoch, first); });
 }
 
 void Loader::stop_producer() {
-  if (!producer_running_) return;
-  {
-    std::lock_guard lock(shared_->mutex);
-    shared_->stop = true;
+  if (!producer_) return;
+  if (producer_pid_ != ::getpid()) {
+    (void)producer_.release();  // a forked child: the thread is not ours to join
+  } else {
+    {
+      std::lock_guard lock(shared_->mutex);
+      shared_->stop = true;
+    }
+    shared_->cv.notify_all();
+    producer_->join();
+    producer_.reset();
   }
-  shared_->cv.notify_all();
-  producer_.join();
-  producer_running_ = false;
   std::lock_guard lock(shared_->mutex);
   for (auto& ready : shared_->ready) {
     if (ready.memory) shared_->free.push_back(std::move(ready.memory));
@@ -637,8 +1106,8 @@ std::optional<Batch> Loader::next() {
   ++shared.batches;
   shared.samples += ready.size;
   const auto in = input_shape(), out = target_shape();
-  shared.bytes_delivered +=
-      ready.size * (in[1] * in[2] * in[3] + out[1] * out[2] * out[3]) * sizeof(float);
+  shared.bytes_delivered += ready.size * (in[1] * in[2] * in[3] * output_size(input_type()) +
+                                          out[1] * out[2] * out[3] * output_size(target_type()));
   Batch batch;
   batch.epoch = epoch_;
   batch.index = ready.index;
@@ -679,7 +1148,9 @@ Json Loader::state() const {
               {"world_size", o.world_size},
               {"batch_size", o.batch_size},
               {"drop_last", o.drop_last},
-              {"num_samples", o.num_samples}};
+              {"num_samples", o.num_samples},
+              {"group_size", o.group_size},
+              {"window", o.window}};
 }
 
 void Loader::restore(const Json& state) {
@@ -705,6 +1176,10 @@ void Loader::restore(const Json& state) {
   if (!field("drop_last").is_boolean() || field("drop_last").get<bool>() != options.drop_last) {
     throw Error("loader state: saved with a different drop_last");
   }
+  if (state.contains("group_size")) {  // the chunk-aware order (absent in older states)
+    expect("group_size", options.group_size);
+    expect("window", options.window);
+  }
   if (!field("shuffle").is_boolean()) throw Error("loader state: shuffle must be true or false");
   options.shuffle = field("shuffle").get<bool>();
   options.seed = json_to_uint64(field("seed"), "loader state: seed");
@@ -727,11 +1202,17 @@ LoaderStats Loader::stats() const {
   const Shared& s = *shared_;
   LoaderStats stats;
   stats.read_ns = s.read_ns;
+  stats.decode_ns = s.decode_ns;
   stats.assemble_ns = s.assemble_ns;
+  stats.batch_ns = s.batch_ns;
   stats.wait_ns = s.wait_ns;
   stats.idle_ns = s.idle_ns;
+  stats.bytes_read = s.bytes_read;
   stats.bytes_decoded = s.bytes_decoded;
   stats.bytes_delivered = s.bytes_delivered;
+  stats.chunks_decoded = s.chunks_decoded;
+  stats.cache_hits = s.cache_hits;
+  stats.cache_bytes = s.cache_bytes;
   stats.batches = s.batches;
   stats.samples = s.samples;
   stats.buffers = s.buffers;

@@ -1,13 +1,22 @@
 // The training data loader: batches of samples from variables of a Zarr group, read with the
-// Zarr engine straight into reused batch buffers, normalized and cast in one pass, prefetched by a
-// thread of zfeed's own, resumable exactly.
+// Zarr engine straight into reused batch buffers, normalized and cast in the same pass, prefetched
+// by a thread of zfeed's own, resumable exactly.
 //
 // A sample at time t stacks, as channels, the input variables at t - history + 1 .. t (oldest
 // first; within a time step the variables in the order given, each variable's levels in the
 // order given) and the target variables at t + lead. Variables have dims (time, lat, lon) or
-// (time, level, lat, lon) with a level selection; all share the time and grid extents. A batch is
-// two dense float32 buffers, inputs [batch, history * input_channels, lat, lon] and targets
-// [batch, target_channels, lat, lon], plus the sample times.
+// (time, level, lat, lon) with a level selection, or are channels of a stacked array
+// data(time, variable, lat, lon) whose "variables" attribute names them (anemoi-datasets' layout);
+// all share the time and grid extents. A batch is two dense buffers, inputs
+// [batch, history * input_channels, lat, lon] and targets [batch, target_channels, lat, lon] (in
+// the spec's dtype; integer target variables are labels: int64, not normalized), plus the sample
+// times and, with random crops, each sample's crop origin.
+//
+// Planning: for each batch, every (sample, channel, time) becomes a piece: a plane of one array.
+// Arrays whose read chunks hold one plane are read straight into the batch (decoded in place when
+// no cast is needed, normalized while the plane is still in cache). Arrays whose read chunks hold
+// several planes (several time steps, levels or stacked variables) go through the decoded-chunk
+// cache: the batch's distinct chunks are decoded once, in parallel, then scattered.
 #pragma once
 
 #include <array>
@@ -20,6 +29,8 @@
 #include <thread>
 #include <vector>
 
+#include "zfeed/loader/cast.h"
+#include "zfeed/loader/chunk_cache.h"
 #include "zfeed/loader/sampler.h"
 #include "zfeed/store/store.h"
 #include "zfeed/util/json.h"
@@ -28,9 +39,10 @@
 namespace zfeed::loader {
 
 struct VariableSpec {
-  std::string name;  // the array's path inside the group
+  // The array's path inside the group, or a name in the stacked array's "variables" attribute.
+  std::string name;
   // For (time, level, lat, lon) arrays: the level indices to stack (empty: every level). Must be
-  // empty for (time, lat, lon) arrays.
+  // empty for (time, lat, lon) arrays and stacked channels.
   std::vector<uint64_t> levels;
   // Given statistics: empty (use the array's "zfeed_stats" attribute, if any), one value, or one
   // per selected level.
@@ -51,6 +63,20 @@ struct LoaderSpec {
   uint64_t lead = 1;     // targets at t + lead (0 allowed)
   uint64_t history = 1;  // input time steps
   std::optional<Crop> crop;
+  // A random window of this size per sample (drawn from (seed, epoch, sample time), so resumes
+  // repeat it); the inputs and targets of a sample share it. Excludes `crop`.
+  std::optional<std::array<uint64_t, 2>> random_crop;  // {lat_size, lon_size}
+  // The element type of the inputs (and float targets): float32, float16 or bfloat16.
+  OutputType dtype = OutputType::kFloat32;
+  // The array holding stacked variables (dims (time, variable, lat, lon), attribute "variables"):
+  // names not found as arrays are looked up there.
+  std::string stacked = "data";
+  // Sample order: "auto" (chunk-aware where some array's read chunks hold several time steps),
+  // "random" (a plain shuffle) or "chunks".
+  std::string order = "auto";
+  uint64_t window = 0;  // time chunks in flight in the chunk-aware order (0: automatic)
+  // Decoded-chunk cache budget in bytes (nullopt: automatic, enough for the chunk-aware window).
+  std::optional<uint64_t> cache_bytes;
   uint64_t batch_size = 16;
   bool shuffle = true;
   uint64_t seed = 0;
@@ -64,26 +90,30 @@ struct LoaderSpec {
   uint64_t epoch = 0;     // the first epoch
 
   // From JSON: {"path", "inputs": [{"name", "levels", "mean", "std"} | "name", ...], "targets",
-  // "lead", "history", "crop": [lat_start, lat_size, lon_start, lon_size], "batch_size",
-  // "shuffle", "seed", "rank", "world_size", "drop_last", "normalize", "prefetch", "epoch"}.
+  // "lead", "history", "crop": [lat_start, lat_size, lon_start, lon_size],
+  // "random_crop": [lat_size, lon_size], "dtype", "stacked", "order", "window", "cache_bytes",
+  // "batch_size", "shuffle", "seed", "rank", "world_size", "drop_last", "normalize", "prefetch",
+  // "epoch"}.
   static LoaderSpec from_json(std::shared_ptr<Store> store, const Json& json);
 };
 
 // One channel of the inputs or the targets.
 struct Channel {
   std::string variable;
-  std::optional<uint64_t> level;
-  int64_t time_offset = 0;  // relative to the sample time t
+  std::optional<uint64_t> level;  // the index along dim 1 (a level, or a stacked variable)
+  int64_t time_offset = 0;        // relative to the sample time t
   bool normalized = false;
   float mean = 0.0f;  // out = (float(x) - mean) / std in float32, when normalized
   float std = 1.0f;
+  Normalization normalization() const { return {normalized, mean, std}; }
 };
 
 // The memory of one batch; owned by the loader's pool and lent to the consumer.
 struct BatchMemory {
-  std::vector<float> inputs;
-  std::vector<float> targets;
+  Bytes inputs;
+  Bytes targets;
   std::vector<int64_t> times;
+  std::vector<int64_t> crops;  // (lat_start, lon_start) per sample
 };
 
 struct Batch {
@@ -92,18 +122,30 @@ struct Batch {
   uint64_t size = 0;   // samples (batch_size, or fewer for the last batch without drop_last)
   // Returns to the pool when the last copy is dropped; only then is it reused.
   std::shared_ptr<BatchMemory> memory;
-  float* inputs() const { return memory->inputs.data(); }
-  float* targets() const { return memory->targets.data(); }
+  uint8_t* input_bytes() const { return memory->inputs.data(); }
+  uint8_t* target_bytes() const { return memory->targets.data(); }
+  // Typed views, for float32 batches.
+  float* inputs() const { return reinterpret_cast<float*>(memory->inputs.data()); }
+  float* targets() const { return reinterpret_cast<float*>(memory->targets.data()); }
   int64_t* times() const { return memory->times.data(); }
+  int64_t* crops() const { return memory->crops.data(); }
 };
 
+// Times are summed over zfeed's threads (read, decode, assemble) or wall time of one thread
+// (wait, prefetch idle, batch).
 struct LoaderStats {
-  uint64_t read_ns = 0;          // reading and decoding chunks into the batch (or a scratch)
-  uint64_t assemble_ns = 0;      // cast and normalization
+  uint64_t read_ns = 0;          // waiting on storage reads
+  uint64_t decode_ns = 0;        // decoding chunks (codecs), in place or into the cache
+  uint64_t assemble_ns = 0;      // scatter, cast and normalization into the batch
+  uint64_t batch_ns = 0;         // wall time the prefetch thread spent producing batches
   uint64_t wait_ns = 0;          // the consumer blocked in next()
   uint64_t idle_ns = 0;          // the prefetch thread waiting for a free buffer
-  uint64_t bytes_decoded = 0;    // values read from the arrays, in their data types
-  uint64_t bytes_delivered = 0;  // float32 bytes of the batches handed out
+  uint64_t bytes_read = 0;       // bytes read from storage (compressed)
+  uint64_t bytes_decoded = 0;    // decoded chunk bytes (in the arrays' data types)
+  uint64_t bytes_delivered = 0;  // bytes of the batches handed out
+  uint64_t chunks_decoded = 0;   // through the cache (misses)
+  uint64_t cache_hits = 0;
+  uint64_t cache_bytes = 0;  // held now
   uint64_t batches = 0;
   uint64_t samples = 0;
   uint64_t buffers = 0;  // batch buffers allocated (prefetch + 1 while the consumer holds one)
@@ -145,17 +187,33 @@ class Loader {
   // [batch_size, channels, lat, lon] of a full batch.
   std::array<uint64_t, 4> input_shape() const;
   std::array<uint64_t, 4> target_shape() const;
+  OutputType input_type() const { return spec_.dtype; }
+  OutputType target_type() const { return labels_ ? OutputType::kInt64 : spec_.dtype; }
+  bool label_targets() const { return labels_; }
+  // The order in use ("random" or "chunks"), its time chunk (group) size and window.
+  std::string order() const { return sampler_.options().group_size > 1 ? "chunks" : "random"; }
+  uint64_t cache_budget() const { return cache_.budget(); }
+  // What the loader holds at most: the batch buffers (prefetch + 1), the cache budget, and one
+  // batch's worth of chunks in flight (an estimate; the consumer keeping batches adds to it).
+  uint64_t memory_bound() const;
   // The sample time of dataset sample `index` (the latest input time step).
   uint64_t sample_time(uint64_t index) const { return spec_.history - 1 + index; }
 
-  // Reads and assembles the samples at `times` into `inputs` and `targets` (dense, shaped as
-  // input_shape() and target_shape() with times.size() samples), synchronously.
-  void assemble(std::span<const uint64_t> times, float* inputs, float* targets);
+  // The crop origin (lat_start, lon_start) of the sample at `time` in `epoch`.
+  std::array<uint64_t, 2> crop_origin(uint64_t epoch, uint64_t time) const;
+
+  // Reads and assembles the samples at `times` (cropped as in `epoch`) into `inputs` and
+  // `targets` (dense, shaped as input_shape() and target_shape() with times.size() samples, of
+  // input_type() and target_type()), synchronously.
+  void assemble(uint64_t epoch, std::span<const uint64_t> times, void* inputs, void* targets);
 
   struct Shared;  // state shared with the prefetch thread and the lent buffers
 
  private:
   struct Source;  // one (variable, level) channel source
+  struct Piece;   // one plane of one array to place into the batch
+  void read_direct(std::span<const Piece> pieces);
+  void read_cached(std::span<const Piece> pieces);
   void start_producer();
   void stop_producer();
   void produce(uint64_t epoch, uint64_t first_batch);
@@ -163,15 +221,22 @@ class Loader {
   LoaderSpec spec_;
   std::vector<zarr::Array> arrays_;  // one per distinct variable name
   std::vector<Source> input_sources_, target_sources_;
+  std::vector<std::vector<uint64_t>> read_chunks_;  // per array: its read chunk shape
   std::vector<Channel> input_channels_, target_channels_;
+  std::vector<bool> cached_;  // per array: its read chunks hold several planes
   uint64_t time_extent_ = 0, lat_ = 0, lon_ = 0, lat_start_ = 0, lon_start_ = 0;
+  uint64_t full_lat_ = 0, full_lon_ = 0;
+  bool labels_ = false;
+  ChunkCache cache_{0};
+  // Decoded-chunk buffers no longer in use, reused for the next chunks: fresh memory costs a page
+  // fault per 4 KiB, as much as decoding it. At most one batch's worth of chunks is kept.
+  std::vector<std::shared_ptr<Bytes>> spare_chunks_;
   Sampler sampler_{SamplerOptions{}};
   uint64_t epoch_ = 0, position_ = 0;
-  bool finished_ = false;       // next() reported the end of the epoch
-  std::vector<Bytes> scratch_;  // per array, for variables not stored as float32
+  bool finished_ = false;  // next() reported the end of the epoch
   std::shared_ptr<Shared> shared_;
-  std::thread producer_;
-  bool producer_running_ = false;
+  std::unique_ptr<std::thread> producer_;
+  int producer_pid_ = 0;  // the process that started the producer (a forked child has none)
 };
 
 }  // namespace zfeed::loader

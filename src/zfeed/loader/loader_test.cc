@@ -1,11 +1,14 @@
 #include "zfeed/loader/loader.h"
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
 #include <set>
 
+#include "zfeed/codec/data_type.h"
 #include "zfeed/util/error.h"
 #include "zfeed/util/testing.h"
 #include "zfeed/zarr/group.h"
@@ -18,10 +21,11 @@ using testing::error_of;
 constexpr uint64_t kTimes = 12, kLat = 6, kLon = 8, kLevels = 3;
 
 zarr::ArrayMetadata meta(const std::string& dtype, std::vector<uint64_t> shape,
-                         Json attributes = Json::object()) {
+                         Json attributes = Json::object(), uint64_t time_chunk = 1,
+                         uint64_t level_chunk = 1) {
   std::vector<uint64_t> chunks = shape;
-  chunks[0] = 1;
-  if (shape.size() == 4) chunks[1] = 1;
+  chunks[0] = time_chunk;
+  if (shape.size() == 4) chunks[1] = level_chunk;
   Json json = {{"zarr_format", 3},
                {"node_type", "array"},
                {"shape", shape},
@@ -42,15 +46,20 @@ double value_of(int variable, uint64_t t, uint64_t level, uint64_t y, uint64_t x
 
 // A small ERA5-like group: t2m float32 (time, lat, lon) without stats, z float64 (time, level,
 // lat, lon) with per-level zfeed_stats, q int16 (time, lat, lon) with scalar stats.
-std::shared_ptr<Store> make_store() {
+// With time_chunk > 1 (or level_chunk > 1) the arrays' chunks hold several planes, so the loader
+// reads them through its decoded-chunk cache.
+std::shared_ptr<Store> make_store(uint64_t time_chunk = 1, uint64_t level_chunk = 1) {
   auto store = make_memory_store();
   zarr::Group::create(store, "");
-  auto t2m = zarr::Array::create(store, "t2m", meta("float32", {kTimes, kLat, kLon}));
+  auto t2m = zarr::Array::create(store, "t2m",
+                                 meta("float32", {kTimes, kLat, kLon}, Json::object(), time_chunk));
   auto z = zarr::Array::create(
       store, "z",
       meta("float64", {kTimes, kLevels, kLat, kLon},
-           Json{{"zfeed_stats", {{"mean", {1000.0, 1003.0, 1006.0}}, {"std", {2.0, 4.0, 8.0}}}}}));
-  auto q = zarr::Array::create(store, "q", meta("int16", {kTimes, kLat, kLon}));
+           Json{{"zfeed_stats", {{"mean", {1000.0, 1003.0, 1006.0}}, {"std", {2.0, 4.0, 8.0}}}}},
+           time_chunk, level_chunk));
+  auto q = zarr::Array::create(store, "q",
+                               meta("int16", {kTimes, kLat, kLon}, Json::object(), time_chunk));
   q.set_attributes(Json{{"zfeed_stats", {{"mean", 250.0}, {"std", 3.0}}}});
   std::vector<float> a(kTimes * kLat * kLon);
   std::vector<double> b(kTimes * kLevels * kLat * kLon);
@@ -129,9 +138,12 @@ bool same_bits(const float* a, const float* b, size_t n) {
 void check_batch(const std::shared_ptr<Store>& store, const Loader& loader, const Batch& batch) {
   const auto in = loader.input_shape(), out = loader.target_shape();
   const size_t plane = in[2] * in[3];
-  const auto crop = loader.spec().crop;
   for (uint64_t i = 0; i < batch.size; ++i) {
     const auto t = static_cast<uint64_t>(batch.times()[i]);
+    const auto origin = loader.crop_origin(batch.epoch, t);
+    EXPECT_EQ(batch.crops()[2 * i], static_cast<int64_t>(origin[0]));
+    EXPECT_EQ(batch.crops()[2 * i + 1], static_cast<int64_t>(origin[1]));
+    const std::optional<Crop> crop = Crop{origin[0], in[2], origin[1], in[3]};
     for (size_t c = 0; c < in[1]; ++c) {
       const Channel& ch = loader.input_channels()[c];
       auto want = expected_plane(store, ch, t + ch.time_offset, crop);
@@ -358,13 +370,223 @@ TEST(Loader, ErrorsNameTheProblem) {
   EXPECT_CONTAINS(error_of([&] { Loader{spec}; }), "std must be positive");
 }
 
+TEST(Loader, ChunksOfSeveralStepsAreDecodedOncePerEpochAndEqualDirectReads) {
+  auto store = make_store(/*time_chunk=*/5, /*level_chunk=*/3);
+  auto spec = base_spec(store);
+  spec.drop_last = false;
+  Loader loader(spec);
+  EXPECT_EQ(loader.order(), "chunks");
+  EXPECT_EQ(loader.sampler().options().group_size, 5u);
+  EXPECT_GT(loader.cache_budget(), 0u);
+  std::multiset<int64_t> times;
+  while (auto batch = loader.next()) {
+    check_batch(store, loader, *batch);
+    for (uint64_t i = 0; i < batch->size; ++i) times.insert(batch->times()[i]);
+  }
+  EXPECT_EQ(times.size(), kTimes - 1);
+  // 3 arrays x 3 time chunks (z: one level chunk), each decoded once in the epoch.
+  EXPECT_EQ(loader.stats().chunks_decoded, 9u);
+  EXPECT_GT(loader.stats().cache_hits, 0u);
+
+  // The same samples in a random order re-decode chunks, and give the same values.
+  spec.order = "random";
+  Loader random(spec);
+  EXPECT_EQ(random.order(), "random");
+  while (auto batch = random.next()) check_batch(store, random, *batch);
+}
+
+TEST(Loader, LevelChunksGoThroughTheCacheWithoutTimeChunks) {
+  auto store = make_store(/*time_chunk=*/1, /*level_chunk=*/3);
+  auto spec = base_spec(store);
+  Loader loader(spec);
+  EXPECT_EQ(loader.order(), "random");
+  EXPECT_EQ(loader.cache_budget(), 0u);
+  while (auto batch = loader.next()) check_batch(store, loader, *batch);
+}
+
+TEST(Loader, RandomCropsFollowTheSeedAndEpoch) {
+  auto store = make_store(/*time_chunk=*/4);
+  auto spec = base_spec(store);
+  spec.random_crop = std::array<uint64_t, 2>{4, 5};
+  Loader loader(spec);
+  EXPECT_EQ(loader.input_shape(), (std::array<uint64_t, 4>{3, 4, 4, 5}));
+  std::set<std::array<uint64_t, 2>> origins;
+  while (auto batch = loader.next()) {
+    check_batch(store, loader, *batch);
+    for (uint64_t i = 0; i < batch->size; ++i)
+      origins.insert(loader.crop_origin(0, static_cast<uint64_t>(batch->times()[i])));
+  }
+  EXPECT_GT(origins.size(), 1u);
+  for (const auto& o : origins) {
+    EXPECT_LE(o[0], kLat - 4);
+    EXPECT_LE(o[1], kLon - 5);
+  }
+  Loader same(spec);
+  EXPECT_EQ(same.crop_origin(0, 5), loader.crop_origin(0, 5));
+  bool differs = false;
+  for (uint64_t t = 0; t < kTimes; ++t)
+    differs |= loader.crop_origin(1, t) != loader.crop_origin(0, t);
+  EXPECT_TRUE(differs);
+  spec.crop = Crop{0, 2, 0, 2};
+  EXPECT_CONTAINS(error_of([&] { Loader{spec}; }), "crop or random_crop, not both");
+  spec.crop.reset();
+  spec.random_crop = std::array<uint64_t, 2>{7, 2};
+  EXPECT_CONTAINS(error_of([&] { Loader{spec}; }), "does not fit the 6 x 8 grid");
+}
+
+TEST(Loader, HalfPrecisionBatchesRoundTheFloat32Values) {
+  for (OutputType type : {OutputType::kFloat16, OutputType::kBFloat16}) {
+    auto store = make_store(/*time_chunk=*/3);
+    auto spec = base_spec(store);
+    spec.dtype = type;
+    Loader loader(spec);
+    auto spec32 = spec;
+    spec32.dtype = OutputType::kFloat32;
+    Loader reference(spec32);
+    const auto in = loader.input_shape();
+    while (auto batch = loader.next()) {
+      auto want = reference.next();
+      ASSERT_TRUE(want);
+      const size_t n = batch->size * in[1] * in[2] * in[3];
+      for (size_t i = 0; i < n; ++i) {
+        uint16_t got;
+        std::memcpy(&got, batch->input_bytes() + 2 * i, 2);
+        const float value = want->inputs()[i];
+        const uint16_t expected = type == OutputType::kFloat16 ? float_to_float16_bits(value)
+                                                               : float_to_bfloat16_bits(value);
+        ASSERT_EQ(got, expected) << output_name(type) << " element " << i;
+      }
+    }
+  }
+}
+
+TEST(Loader, IntegerTargetsWithoutStatisticsAreLabels) {
+  auto store = make_store();
+  auto labels = zarr::Array::create(store, "labels", meta("uint8", {kTimes, kLat, kLon}));
+  std::vector<uint8_t> values(kTimes * kLat * kLon);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<uint8_t>(i * 7 % 3);
+  labels.write(labels.full_selection(), values.data());
+  auto spec = base_spec(store);
+  spec.targets = {var("labels")};
+  spec.lead = 0;
+  Loader loader(spec);
+  EXPECT_TRUE(loader.label_targets());
+  EXPECT_EQ(loader.target_type(), OutputType::kInt64);
+  while (auto batch = loader.next()) {
+    for (uint64_t i = 0; i < batch->size; ++i) {
+      const auto t = static_cast<uint64_t>(batch->times()[i]);
+      for (size_t k = 0; k < kLat * kLon; ++k) {
+        int64_t got;
+        std::memcpy(&got, batch->target_bytes() + 8 * (i * kLat * kLon + k), 8);
+        ASSERT_EQ(got, values[t * kLat * kLon + k]);
+      }
+    }
+  }
+  spec.targets = {var("labels"), var("t2m")};
+  EXPECT_CONTAINS(error_of([&] { Loader{spec}; }), "give one label variable");
+  // q is int16 with statistics: a physical quantity, normalized to float.
+  spec.targets = {var("q")};
+  EXPECT_FALSE(Loader(spec).label_targets());
+}
+
+TEST(Loader, StackedVariablesAreChannelsOfOneArray) {
+  auto store = make_memory_store();
+  zarr::Group::create(store, "");
+  auto data = zarr::Array::create(
+      store, "data",
+      meta("float32", {kTimes, 3, kLat, kLon},
+           Json{{"variables", {"u", "v", "t"}},
+                {"zfeed_stats", {{"mean", {1.0, 2.0, 3.0}}, {"std", {2.0, 4.0, 8.0}}}}},
+           /*time_chunk=*/1, /*level_chunk=*/3));
+  std::vector<float> values(kTimes * 3 * kLat * kLon);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i % 97) * 0.5f;
+  data.write(data.full_selection(), values.data());
+  LoaderSpec spec;
+  spec.store = store;
+  spec.inputs = {var("t"), var("u")};
+  spec.targets = {var("v")};
+  spec.batch_size = 2;
+  Loader loader(spec);
+  ASSERT_EQ(loader.input_channels().size(), 2u);
+  EXPECT_EQ(loader.input_channels()[0].variable, "t");
+  EXPECT_EQ(loader.input_channels()[0].level, 2u);
+  EXPECT_EQ(loader.input_channels()[0].mean, 3.0f);
+  const size_t plane = kLat * kLon;
+  while (auto batch = loader.next()) {
+    for (uint64_t i = 0; i < batch->size; ++i) {
+      const auto t = static_cast<uint64_t>(batch->times()[i]);
+      for (size_t k = 0; k < plane; ++k) {
+        auto at = [&](uint64_t time, uint64_t c) { return values[(time * 3 + c) * plane + k]; };
+        ASSERT_EQ(batch->inputs()[(i * 2 + 0) * plane + k], (at(t, 2) - 3.0f) / 8.0f);
+        ASSERT_EQ(batch->inputs()[(i * 2 + 1) * plane + k], (at(t, 0) - 1.0f) / 2.0f);
+        ASSERT_EQ(batch->targets()[i * plane + k], (at(t + 1, 1) - 2.0f) / 4.0f);
+      }
+    }
+  }
+  spec.inputs = {var("w")};
+  EXPECT_CONTAINS(error_of([&] { Loader{spec}; }), "stacked in 'data': u, v, t");
+}
+
+TEST(Loader, AForkedChildContinuesWithItsOwnThreads) {
+  auto store = make_store(/*time_chunk=*/2);
+  auto spec = base_spec(store);
+  spec.batch_size = 2;
+  Loader reference(spec);
+  auto all = drain(reference);
+  ASSERT_GE(all.size(), 3u);
+  Loader loader(spec);
+  ASSERT_TRUE(loader.next());  // the prefetch thread is running (and may hold its lock)
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // In the child: the rest of the epoch, from the child's own prefetch thread and pool.
+    auto rest = drain(loader);
+    bool same = rest.size() == all.size() - 1;
+    for (size_t i = 0; same && i < rest.size(); ++i) same = rest[i] == all[i + 1];
+    ::_exit(same ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "the forked child's batches differ";
+  auto rest = drain(loader);  // the parent goes on too
+  ASSERT_EQ(rest.size(), all.size() - 1);
+  EXPECT_EQ(rest[0], all[1]);
+}
+
+TEST(Cast, Float16AndBFloat16RoundToNearestEven) {
+  // Every 997th float32 bit pattern (and the edge values), against the double conversions.
+  for (uint64_t bits = 0; bits <= 0xFFFFFFFFull; bits += 997) {
+    float value;
+    const auto b = static_cast<uint32_t>(bits);
+    std::memcpy(&value, &b, 4);
+    const uint16_t half = float_to_float16_bits(value), want_half = double_to_float16(value);
+    const uint16_t brain = float_to_bfloat16_bits(value), want_brain = double_to_bfloat16(value);
+    if (std::isnan(value)) {
+      ASSERT_EQ(half & 0x7C00, 0x7C00);
+      ASSERT_NE(half & 0x3FF, 0);
+      ASSERT_EQ(brain & 0x7F80, 0x7F80);
+      ASSERT_NE(brain & 0x7F, 0);
+      continue;
+    }
+    ASSERT_EQ(half, want_half) << "float16 of bits " << std::hex << b;
+    ASSERT_EQ(brain, want_brain) << "bfloat16 of bits " << std::hex << b;
+  }
+  EXPECT_EQ(float_to_float16_bits(65504.0f), 0x7BFF);
+  EXPECT_EQ(float_to_float16_bits(65520.0f), 0x7C00);
+  EXPECT_EQ(float_to_float16_bits(std::ldexp(1.0f, -24)), 0x0001);
+  EXPECT_EQ(float_to_float16_bits(std::ldexp(1.0f, -25)), 0x0000);
+  EXPECT_EQ(float_to_float16_bits(-0.0f), 0x8000);
+}
+
 TEST(Loader, SpecFromJson) {
   auto store = make_store();
   auto spec = LoaderSpec::from_json(store, Json::parse(R"({
       "inputs": ["t2m", {"name": "z", "levels": [1], "mean": 5, "std": 2}], "targets": ["q"],
       "lead": 0, "history": 2, "batch_size": 4, "shuffle": false, "seed": 3, "rank": 1,
       "world_size": 2, "drop_last": false, "normalize": true, "prefetch": 3, "epoch": 2,
-      "crop": [0, 2, 1, 3]})"));
+      "crop": [0, 2, 1, 3], "dtype": "bfloat16", "order": "random", "window": 3,
+      "cache_bytes": 1000, "stacked": "fields"})"));
   EXPECT_EQ(spec.inputs.size(), 2u);
   EXPECT_EQ(spec.inputs[1].levels, std::vector<uint64_t>{1});
   EXPECT_EQ(spec.inputs[1].mean, std::vector<double>{5});
@@ -373,6 +595,14 @@ TEST(Loader, SpecFromJson) {
   EXPECT_EQ(spec.crop->lon_size, 3u);
   EXPECT_FALSE(spec.shuffle);
   EXPECT_EQ(spec.prefetch, 3u);
+  EXPECT_EQ(spec.dtype, OutputType::kBFloat16);
+  EXPECT_EQ(spec.order, "random");
+  EXPECT_EQ(spec.window, 3u);
+  EXPECT_EQ(spec.cache_bytes, 1000u);
+  EXPECT_EQ(spec.stacked, "fields");
+  EXPECT_CONTAINS(
+      error_of([&] { LoaderSpec::from_json(store, Json::parse(R"({"dtype": "float8"})")); }),
+      "dtype must be float32, float16 or bfloat16");
   EXPECT_CONTAINS(
       error_of([&] { LoaderSpec::from_json(store, Json::parse(R"({"inputs": [3]})")); }),
       "variable name");

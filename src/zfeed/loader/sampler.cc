@@ -1,5 +1,6 @@
 #include "zfeed/loader/sampler.h"
 
+#include <algorithm>
 #include <numeric>
 #include <string>
 
@@ -46,16 +47,43 @@ uint64_t Sampler::batches_per_epoch() const {
   return options_.drop_last ? per_rank_ / b : (per_rank_ + b - 1) / b;
 }
 
-std::vector<uint64_t> Sampler::epoch_indices(uint64_t epoch) const {
-  const uint64_t n = options_.num_samples, w = options_.world_size;
+std::vector<uint64_t> Sampler::epoch_order(uint64_t epoch) const {
+  const uint64_t n = options_.num_samples;
   std::vector<uint64_t> order(n);
   std::iota(order.begin(), order.end(), uint64_t{0});
-  if (options_.shuffle) {
-    // Distinct streams per epoch: the epoch goes through the mixer before seeding.
-    SplitMix64 mix(epoch ^ 0xD1B54A32D192ED03ull);
-    SplitMix64 rng(options_.seed ^ mix.next());
+  if (!options_.shuffle || n == 0) return order;
+  // Distinct streams per epoch: the epoch goes through the mixer before seeding.
+  SplitMix64 mix(epoch ^ 0xD1B54A32D192ED03ull);
+  SplitMix64 rng(options_.seed ^ mix.next());
+  if (options_.group_size <= 1) {
     shuffle(order, rng);
+    return order;
   }
+  const uint64_t g = options_.group_size, offset = options_.group_offset;
+  const uint64_t first_group = offset / g, last_group = (n - 1 + offset) / g;
+  std::vector<uint64_t> groups(last_group - first_group + 1);
+  std::iota(groups.begin(), groups.end(), first_group);
+  shuffle(groups, rng);
+  order.clear();
+  const uint64_t window = std::max<uint64_t>(1, options_.window);
+  for (size_t begin = 0; begin < groups.size(); begin += window) {
+    const size_t end = std::min<size_t>(groups.size(), begin + window);
+    std::vector<uint64_t> samples;
+    for (size_t k = begin; k < end; ++k) {
+      // The samples whose time (i + offset) falls in group groups[k].
+      const uint64_t lo = std::max<uint64_t>(groups[k] * g, offset) - offset;
+      const uint64_t hi = std::min<uint64_t>((groups[k] + 1) * g - offset, n);
+      for (uint64_t i = lo; i < hi; ++i) samples.push_back(i);
+    }
+    shuffle(samples, rng);
+    order.insert(order.end(), samples.begin(), samples.end());
+  }
+  return order;
+}
+
+std::vector<uint64_t> Sampler::epoch_indices(uint64_t epoch) const {
+  const uint64_t n = options_.num_samples, w = options_.world_size;
+  const std::vector<uint64_t> order = epoch_order(epoch);
   std::vector<uint64_t> mine;
   mine.reserve(per_rank_);
   for (uint64_t k = 0; k < per_rank_; ++k) {

@@ -37,6 +37,14 @@ struct SamplerOptions {
   // ceil(N / world_size) samples, the epoch's order padded by repeating its first samples (as
   // PyTorch's DistributedSampler pads), and the last batch may be smaller.
   bool drop_last = true;
+  // Chunk-aware order (group_size > 1, with shuffle): sample i belongs to group
+  // (i + group_offset) / group_size, the time chunk its reads start in. The epoch visits the groups
+  // in a shuffled order, `window` groups at a time, and shuffles the samples within each window,
+  // so that a batch still mixes samples from several places in time while each chunk is needed
+  // during one window only (and a cache of a few windows decodes it once per epoch).
+  uint64_t group_size = 1;
+  uint64_t group_offset = 0;
+  uint64_t window = 1;
 };
 
 class Sampler {
@@ -49,10 +57,12 @@ class Sampler {
   uint64_t samples_per_rank() const { return per_rank_; }
   uint64_t batches_per_epoch() const;
   // The dataset's sample indices this rank visits in `epoch`, in order (the whole epoch's
-  // permutation from (seed, epoch), then every world_size-th element starting at rank).
+  // order from (seed, epoch), then every world_size-th element starting at rank).
   std::vector<uint64_t> epoch_indices(uint64_t epoch) const;
   // Batch `batch` (0-based) of `epoch`: a slice of epoch_indices(epoch).
   std::vector<uint64_t> batch_indices(uint64_t epoch, uint64_t batch) const;
+  // The whole epoch's order of every sample (before rank sharding).
+  std::vector<uint64_t> epoch_order(uint64_t epoch) const;
 
  private:
   SamplerOptions options_;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <map>
 #include <numeric>
+#include <set>
 
 #include "zfeed/util/error.h"
 
@@ -111,6 +112,64 @@ TEST(Sampler, RanksSplitTheEpochWithEqualCounts) {
         }
       }
     }
+  }
+}
+
+TEST(Sampler, ChunkAwareOrderVisitsWholeChunksAWindowAtATime) {
+  for (uint64_t offset : {0ull, 3ull}) {
+    auto o = options(95, 4, 0, 1, false);
+    o.group_size = 10;
+    o.group_offset = offset;
+    o.window = 3;
+    Sampler sampler(o);
+    for (uint64_t epoch = 0; epoch < 3; ++epoch) {
+      auto order = sampler.epoch_order(epoch);
+      auto sorted = order;
+      std::sort(sorted.begin(), sorted.end());
+      std::vector<uint64_t> all(95);
+      std::iota(all.begin(), all.end(), uint64_t{0});
+      ASSERT_EQ(sorted, all) << "a permutation";
+      // Consecutive windows hold whole groups: the groups seen so far change only at window
+      // boundaries, and no window holds more than 3 groups.
+      std::set<uint64_t> window_groups;
+      std::set<uint64_t> finished;
+      size_t in_window = 0, window_size = 0;  // samples seen in the window, and its size
+      for (size_t i = 0; i < order.size(); ++i) {
+        const uint64_t group = (order[i] + offset) / 10;
+        ASSERT_FALSE(finished.count(group)) << "group " << group << " revisited";
+        window_groups.insert(group);
+        ASSERT_LE(window_groups.size(), 3u);
+        // When every sample of the window's groups has been seen, the window closes.
+        ++in_window;
+        window_size = 0;
+        for (uint64_t g : window_groups) {
+          const uint64_t lo = std::max<uint64_t>(g * 10, offset) - offset;
+          const uint64_t hi = std::min<uint64_t>((g + 1) * 10 - offset, 95);
+          window_size += hi - lo;
+        }
+        if (in_window == window_size && (window_groups.size() == 3 || i + 1 == order.size())) {
+          finished.insert(window_groups.begin(), window_groups.end());
+          window_groups.clear();
+          in_window = 0;
+        }
+      }
+      EXPECT_NE(order, sampler.epoch_order(epoch + 1));
+      // Within a window the samples are shuffled, not in time order.
+      EXPECT_FALSE(std::is_sorted(order.begin(), order.begin() + 10));
+    }
+    // Ranks still split the chunk-aware epoch exactly.
+    std::multiset<uint64_t> seen;
+    for (uint64_t rank = 0; rank < 4; ++rank) {
+      auto r = o;
+      r.rank = rank;
+      r.world_size = 4;
+      r.drop_last = false;
+      auto mine = Sampler(r).epoch_indices(1);
+      EXPECT_EQ(mine.size(), 24u);
+      seen.insert(mine.begin(), mine.end());
+    }
+    for (uint64_t i = 0; i < 95; ++i) EXPECT_GE(seen.count(i), 1u);
+    EXPECT_EQ(seen.size(), 96u);  // one padded sample
   }
 }
 

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <functional>
@@ -15,6 +16,7 @@
 
 #include "zfeed/store/store.h"
 #include "zfeed/util/error.h"
+#include "zfeed/util/io_counters.h"
 
 namespace zfeed {
 namespace {
@@ -67,7 +69,8 @@ class FileStore final : public Store {
       throw Error(where(key) + ": cannot open: " + errno_text(errno));
     }
     struct stat info {};
-    if (::fstat(fd.get(), &info) != 0) throw Error(where(key) + ": stat failed: " + errno_text(errno));
+    if (::fstat(fd.get(), &info) != 0)
+      throw Error(where(key) + ": stat failed: " + errno_text(errno));
     if (S_ISDIR(info.st_mode)) return false;
     auto [begin, length] = range.resolve(static_cast<uint64_t>(info.st_size), where(key));
     out.resize(length);
@@ -83,7 +86,8 @@ class FileStore final : public Store {
       throw Error(where(key) + ": cannot open: " + errno_text(errno));
     }
     struct stat info {};
-    if (::fstat(fd.get(), &info) != 0) throw Error(where(key) + ": stat failed: " + errno_text(errno));
+    if (::fstat(fd.get(), &info) != 0)
+      throw Error(where(key) + ": stat failed: " + errno_text(errno));
     if (S_ISDIR(info.st_mode)) return false;
     if (static_cast<uint64_t>(info.st_size) != out.size()) {
       throw Error(where(key) + ": expected " + std::to_string(out.size()) + " bytes, found " +
@@ -112,7 +116,8 @@ class FileStore final : public Store {
     std::string name = path.substr(path.rfind('/') + 1);
     std::string temp = directory + "/." + name + std::string(kTempMarker) + "XXXXXX";
     FileDescriptor fd(::mkstemp(temp.data()));
-    if (fd.get() < 0) throw Error(where(key) + ": cannot create a temporary file: " + errno_text(errno));
+    if (fd.get() < 0)
+      throw Error(where(key) + ": cannot create a temporary file: " + errno_text(errno));
     auto discard = [&](const std::string& why) {
       ::unlink(temp.c_str());
       throw Error(where(key) + ": " + why);
@@ -167,9 +172,8 @@ class FileStore final : public Store {
 
   std::vector<std::string> list(std::string_view prefix) const override {
     // Walk from the deepest directory the prefix names.
-    std::string dir_key(prefix.substr(0, prefix.rfind('/') == std::string_view::npos
-                                             ? 0
-                                             : prefix.rfind('/')));
+    std::string dir_key(
+        prefix.substr(0, prefix.rfind('/') == std::string_view::npos ? 0 : prefix.rfind('/')));
     if (!dir_key.empty()) check_key(dir_key);
     std::vector<std::string> keys;
     walk(dir_key, [&](const std::string& key) {
@@ -209,10 +213,14 @@ class FileStore final : public Store {
   }
 
   void read_fully(int fd, MutableByteView out, uint64_t offset, std::string_view key) const {
+    const auto start = std::chrono::steady_clock::now();
+    IoCounters& counters = thread_io_counters();
+    counters.read_bytes += out.size();
     size_t done = 0;
     while (done < out.size()) {
-      ssize_t got = ::pread(fd, out.data() + done, std::min<size_t>(out.size() - done, size_t{1} << 30),
-                            static_cast<off_t>(offset + done));
+      ssize_t got =
+          ::pread(fd, out.data() + done, std::min<size_t>(out.size() - done, size_t{1} << 30),
+                  static_cast<off_t>(offset + done));
       if (got < 0) {
         if (errno == EINTR) continue;
         throw Error(where(key) + ": read failed: " + errno_text(errno));
@@ -224,6 +232,9 @@ class FileStore final : public Store {
       }
       done += static_cast<size_t>(got);
     }
+    counters.read_ns += static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                                  std::chrono::steady_clock::now() - start)
+                                                  .count());
   }
 
   void make_directories(const std::string& directory, std::string_view key) const {
@@ -231,10 +242,12 @@ class FileStore final : public Store {
     if (::stat(directory.c_str(), &info) == 0 && S_ISDIR(info.st_mode)) return;
     std::error_code ec;
     std::filesystem::create_directories(directory, ec);
-    if (ec) throw Error(where(key) + ": cannot create directory " + directory + ": " + ec.message());
+    if (ec)
+      throw Error(where(key) + ": cannot create directory " + directory + ": " + ec.message());
   }
 
-  void walk(const std::string& dir_key, const std::function<void(const std::string&)>& visit) const {
+  void walk(const std::string& dir_key,
+            const std::function<void(const std::string&)>& visit) const {
     std::string dir = dir_key.empty() ? root_ : path_of(dir_key);
     DIR* handle = ::opendir(dir.c_str());
     if (handle == nullptr) return;
@@ -245,7 +258,8 @@ class FileStore final : public Store {
       bool is_dir = entry->d_type == DT_DIR;
       if (entry->d_type == DT_UNKNOWN || entry->d_type == DT_LNK) {
         struct stat info {};
-        is_dir = ::stat((dir + "/" + std::string(name)).c_str(), &info) == 0 && S_ISDIR(info.st_mode);
+        is_dir =
+            ::stat((dir + "/" + std::string(name)).c_str(), &info) == 0 && S_ISDIR(info.st_mode);
       }
       entries.emplace_back(std::string(name), is_dir);
     }

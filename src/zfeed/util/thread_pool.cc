@@ -1,8 +1,12 @@
 #include "zfeed/util/thread_pool.h"
 
+#include <pthread.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <cstdlib>
 #include <exception>
+#include <new>
 #include <string>
 
 namespace zfeed {
@@ -20,10 +24,26 @@ struct ThreadPool::Job {
   bool exhausted() const { return next.load(std::memory_order_relaxed) >= count; }
 };
 
-ThreadPool::ThreadPool(size_t threads) {
-  if (threads == 0) threads = 1;
-  workers_.reserve(threads - 1);
-  for (size_t i = 0; i + 1 < threads; ++i) workers_.emplace_back([this] { worker_loop(); });
+ThreadPool::ThreadPool(size_t threads) : threads_(threads == 0 ? 1 : threads), pid_(::getpid()) {
+  start_workers();
+}
+
+void ThreadPool::start_workers() {
+  workers_.reserve(threads_ - 1);
+  for (size_t i = 0; i + 1 < threads_; ++i) workers_.emplace_back([this] { worker_loop(); });
+}
+
+void ThreadPool::restart_after_fork() {
+  std::lock_guard lock(mutex_);
+  if (pid_ == ::getpid()) return;
+  // The parent's workers do not exist in this process: their handles are dropped without a join
+  // (destroying a joinable std::thread would terminate), and so are the parent's pending jobs.
+  (void)new std::vector<std::thread>(std::move(workers_));
+  workers_.clear();
+  jobs_.clear();
+  stopping_ = false;
+  pid_ = ::getpid();
+  start_workers();
 }
 
 ThreadPool::~ThreadPool() {
@@ -76,6 +96,7 @@ void ThreadPool::worker_loop() {
 
 void ThreadPool::parallel_for(size_t n, const std::function<void(size_t)>& fn) {
   if (n == 0) return;
+  if (pid_ != ::getpid()) restart_after_fork();
   if (n == 1 || workers_.empty()) {
     for (size_t i = 0; i < n; ++i) fn(i);
     return;
@@ -109,6 +130,18 @@ ThreadPool& ThreadPool::shared() {
     unsigned hardware = std::thread::hardware_concurrency();
     return static_cast<size_t>(hardware == 0 ? 1 : hardware);
   }());
+  static const bool registered = [] {
+    // Hold the pool's lock across fork() so that the child never inherits it locked.
+    // In the child, the parent's workers may still be counted as waiters of the condition
+    // variable (a notify would wait for them forever): start it afresh.
+    ::pthread_atfork([] { pool.mutex_.lock(); }, [] { pool.mutex_.unlock(); },
+                     [] {
+                       new (&pool.work_available_) std::condition_variable();
+                       pool.mutex_.unlock();
+                     });
+    return true;
+  }();
+  (void)registered;
   return pool;
 }
 

@@ -28,11 +28,15 @@ class ThreadPool {
   // started are skipped.
   void parallel_for(size_t n, const std::function<void(size_t)>& fn);
 
-  // The process-wide pool: ZFEED_NUM_THREADS threads, or one per hardware thread.
+  // The process-wide pool: ZFEED_NUM_THREADS threads, or one per hardware thread. It survives
+  // fork(): its lock is held across the fork (so the child's copy is consistent), and the child's
+  // first parallel_for starts fresh workers (the parent's do not exist there).
   static ThreadPool& shared();
 
  private:
   struct Job;
+  void start_workers();
+  void restart_after_fork();
   void worker_loop();
   static void run_some(Job& job);
 
@@ -41,6 +45,8 @@ class ThreadPool {
   std::deque<std::shared_ptr<Job>> jobs_;
   std::vector<std::thread> workers_;
   bool stopping_ = false;
+  size_t threads_ = 1;
+  int pid_ = 0;  // the process whose workers these are
 };
 
 }  // namespace zfeed

@@ -1,0 +1,287 @@
+"""zfeed.Loader's planner and options: chunk-aware order over multi-step chunks, the decoded-chunk
+cache, float16/bfloat16 batches, label targets, the stacked layout, random crops, torch
+integration, fork safety, errors without leaked threads, and the memory bound."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import subprocess
+import sys
+import textwrap
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import zfeed
+
+T, LAT, LON = 60, 12, 20
+NAMES = ["t2m", "u500", "z500"]
+
+
+def make_store(path, time_chunk, seed=0):
+    root = zfeed.create_group(path)
+    rng = np.random.default_rng(seed)
+    data = {}
+    for k, name in enumerate(NAMES):
+        values = (100.0 * k + rng.standard_normal((T, LAT, LON)) * (k + 1)).astype("float32")
+        root.create_array(name, shape=values.shape, chunks=(time_chunk, LAT, LON), dtype="float32",
+                          compressor="zstd:3", dimension_names=["time", "latitude", "longitude"], data=values,
+                          attributes={"zfeed_stats": {"mean": 100.0 * k, "std": float(k + 1)}})
+        data[name] = values
+    labels = (rng.random((T, LAT, LON)) * 3).astype("uint8")
+    root.create_array("labels", shape=labels.shape, chunks=(time_chunk, LAT, LON), dtype="uint8",
+                      compressor="zstd:3", dimension_names=["time", "latitude", "longitude"], data=labels)
+    data["labels"] = labels
+    return data
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory):
+    base = tmp_path_factory.mktemp("features")
+    one = make_store(base / "one.zarr", 1)
+    ten = make_store(base / "ten.zarr", 10)
+    for name in NAMES:
+        np.testing.assert_array_equal(one[name], ten[name])
+    return base / "one.zarr", base / "ten.zarr", one
+
+
+def normalized(data, name, t, k):
+    return (data[name][t] - np.float32(100.0 * k)) / np.float32(k + 1)
+
+
+def check(batch, data, lead=1, crop=None):
+    for i, t in enumerate(batch["times"]):
+        t = int(t)
+        window = (slice(None), slice(None)) if crop is None else (
+            slice(crop[i][0], crop[i][0] + batch["inputs"].shape[2]),
+            slice(crop[i][1], crop[i][1] + batch["inputs"].shape[3]))
+        for k, name in enumerate(NAMES):
+            np.testing.assert_array_equal(batch["inputs"][i, k], normalized(data, name, t, k)[window])
+            np.testing.assert_array_equal(batch["targets"][i, k], normalized(data, name, t + lead, k)[window])
+
+
+def test_chunk_aware_order_decodes_each_chunk_once_and_equals_the_one_step_store(stores):
+    one, ten, data = stores
+    loader = zfeed.Loader(ten, inputs=NAMES, targets=NAMES, batch_size=8, seed=4, drop_last=False)
+    assert loader.order == "chunks"
+    seen = []
+    for batch in loader:
+        check(batch, data)
+        seen += [int(t) for t in batch["times"]]
+    assert sorted(seen) == list(range(T - 1))
+    stats = loader.stats()
+    assert stats["chunks_decoded"] == 3 * (T // 10)  # every chunk of every variable, once
+    assert stats["cache_hits"] > 0
+    # A batch still mixes several chunks: the order is not time order.
+    first = next(iter(zfeed.Loader(ten, inputs=NAMES, targets=NAMES, batch_size=8, seed=4)))
+    assert len({int(t) // 10 for t in first["times"]}) >= 2
+    # The one-step store in a plain random order gives the same samples' values.
+    plain = zfeed.Loader(one, inputs=NAMES, targets=NAMES, batch_size=8, seed=4)
+    assert plain.order == "random"
+    check(next(iter(plain)), data)
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+@pytest.mark.parametrize("drop_last", [True, False])
+def test_chunk_aware_ranks_cover_the_epoch_with_equal_counts(stores, world_size, drop_last):
+    _, ten, _ = stores
+    per_rank = []
+    for rank in range(world_size):
+        loader = zfeed.Loader(ten, inputs=["t2m"], targets=["t2m"], batch_size=4, seed=2, rank=rank,
+                              world_size=world_size, drop_last=drop_last)
+        per_rank.append([int(t) for b in loader for t in b["times"]])
+    counts = {len(times) for times in per_rank}
+    assert len(counts) == 1
+    everything = [t for times in per_rank for t in times]
+    n = T - 1
+    if drop_last:
+        assert len(set(everything)) == len(everything)
+        assert len(everything) == (n // world_size) // 4 * 4 * world_size
+    else:
+        assert set(everything) == set(range(n))
+
+
+def test_resume_in_the_chunk_aware_order_is_exact(stores):
+    _, ten, _ = stores
+    kwargs = dict(inputs=NAMES, targets=NAMES, batch_size=6, seed=8, epoch=1)
+    full = [{k: v.copy() for k, v in b.items()} for b in zfeed.Loader(ten, **kwargs)]
+    for k in (1, 3, len(full) - 1):
+        first = zfeed.Loader(ten, **kwargs)
+        it = iter(first)
+        for _ in range(k):
+            next(it)
+        resumed = zfeed.Loader(ten, **kwargs)
+        resumed.load_state_dict(json.loads(json.dumps(first.state_dict())))
+        rest = list(resumed)
+        assert len(rest) == len(full) - k
+        for a, b in zip(rest, full[k:]):
+            assert all(a[key].tobytes() == b[key].tobytes() for key in a)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_precision_batches_equal_numpys_rounding(stores, dtype):
+    _, ten, data = stores
+    loader = zfeed.Loader(ten, inputs=NAMES, targets=NAMES, batch_size=4, dtype=dtype)
+    numpy_type = np.float16 if dtype == "float16" else ml_dtypes.bfloat16
+    assert loader.dtype == dtype
+    batch = next(iter(loader))
+    assert batch["inputs"].dtype == numpy_type and batch["targets"].dtype == numpy_type
+    for i, t in enumerate(batch["times"]):
+        for k, name in enumerate(NAMES):
+            want = normalized(data, name, int(t), k).astype(numpy_type)
+            assert batch["inputs"][i, k].tobytes() == want.tobytes()
+
+
+def test_integer_targets_are_int64_labels(stores):
+    _, ten, data = stores
+    loader = zfeed.Loader(ten, inputs=NAMES, targets=["labels"], lead=0, batch_size=4)
+    assert loader.target_dtype == "int64" and loader.target_shape == (4, LAT, LON)
+    for batch in loader:
+        assert batch["targets"].dtype == np.int64 and batch["targets"].shape == (4, LAT, LON)
+        for i, t in enumerate(batch["times"]):
+            np.testing.assert_array_equal(batch["targets"][i], data["labels"][int(t)])
+
+
+def test_stacked_layout(tmp_path):
+    rng = np.random.default_rng(1)
+    values = rng.standard_normal((T, 4, LAT, LON)).astype("float32")
+    root = zfeed.create_group(tmp_path / "stacked.zarr")
+    root.create_array("data", shape=values.shape, chunks=(1, 4, LAT, LON), dtype="float32", compressor="zstd:3",
+                      dimension_names=["time", "variable", "latitude", "longitude"], data=values,
+                      attributes={"variables": ["t2m", "u500", "v500", "z500"],
+                                  "zfeed_stats": {"mean": [1.0, 2.0, 3.0, 4.0], "std": [2.0, 3.0, 4.0, 5.0]}})
+    loader = zfeed.Loader(tmp_path / "stacked.zarr", inputs=["z500", "t2m"], targets=["u500"], batch_size=4)
+    assert [c["variable"] for c in loader.input_channels] == ["z500", "t2m"]
+    batch = next(iter(loader))
+    for i, t in enumerate(batch["times"]):
+        t = int(t)
+        np.testing.assert_array_equal(batch["inputs"][i, 0], (values[t, 3] - np.float32(4)) / np.float32(5))
+        np.testing.assert_array_equal(batch["inputs"][i, 1], (values[t, 0] - np.float32(1)) / np.float32(2))
+        np.testing.assert_array_equal(batch["targets"][i, 0], (values[t + 1, 1] - np.float32(2)) / np.float32(3))
+    with pytest.raises(zfeed.ZarrError, match="'q500' not found.*stacked in 'data': t2m, u500, v500, z500"):
+        zfeed.Loader(tmp_path / "stacked.zarr", inputs=["q500"])
+
+
+def test_random_crops_are_per_sample_and_repeat_on_resume(stores):
+    _, ten, data = stores
+    kwargs = dict(inputs=NAMES, targets=NAMES, batch_size=4, random_crop=(5, 7), seed=3)
+    loader = zfeed.Loader(ten, **kwargs)
+    batches = [{k: v.copy() for k, v in b.items()} for b in loader]
+    origins = set()
+    for batch in batches:
+        assert batch["inputs"].shape == (4, 3, 5, 7)
+        check(batch, data, crop=batch["crops"])
+        origins |= {tuple(c) for c in batch["crops"]}
+    assert len(origins) > 3
+    again = [b["crops"].copy() for b in zfeed.Loader(ten, **kwargs)]
+    assert all(np.array_equal(a, b["crops"]) for a, b in zip(again, batches))
+
+
+def test_torch_dataset_yields_tensors_and_workers_split_the_epoch(stores):
+    torch = pytest.importorskip("torch")
+    from zfeed.torch import ZarrIterableDataset
+    _, ten, data = stores
+    dataset = ZarrIterableDataset(ten, inputs=NAMES, targets=NAMES, batch_size=4, dtype="bfloat16", seed=1)
+    seen = []
+    for batch in torch.utils.data.DataLoader(dataset, batch_size=None):
+        assert batch["inputs"].dtype == torch.bfloat16 and batch["inputs"].shape == (4, 3, LAT, LON)
+        t = int(batch["times"][0])
+        want = torch.from_numpy(normalized(data, "u500", t, 1)).to(torch.bfloat16)
+        assert torch.equal(batch["inputs"][0, 1], want)
+        seen += batch["times"].tolist()
+    assert len(seen) == len(set(seen)) == len(dataset) * 4
+    # Two DataLoader workers read disjoint halves of the epoch.
+    dataset = ZarrIterableDataset(ten, inputs=["t2m"], targets=["t2m"], batch_size=2, seed=1, drop_last=False)
+    times = [t for b in torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=2,
+                                                      multiprocessing_context="fork")
+             for t in b["times"].tolist()]
+    assert sorted(set(times)) == list(range(T - 1))
+
+
+def _child_batches(loader, queue):
+    queue.put([b["times"].tolist() + b["inputs"].ravel()[:5].tolist() for b in loader])
+
+
+def test_a_forked_child_reads_correctly(stores):
+    _, ten, _ = stores
+    kwargs = dict(inputs=NAMES, targets=NAMES, batch_size=4, seed=6)
+    reference = [b["times"].tolist() + b["inputs"].ravel()[:5].tolist() for b in zfeed.Loader(ten, **kwargs)]
+    loader = zfeed.Loader(ten, **kwargs)
+    it = iter(loader)
+    next(it)  # zfeed's threads are running in the parent
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_child_batches, args=(loader, queue))
+    child.start()
+    got = queue.get(timeout=60)
+    child.join(timeout=60)
+    assert child.exitcode == 0
+    assert got == reference[1:]
+    assert [b["times"].tolist() + b["inputs"].ravel()[:5].tolist() for b in it] == reference[1:]
+
+
+def thread_count():
+    return len(os.listdir("/proc/self/task"))
+
+
+def test_a_corrupt_chunk_raises_naming_the_key_without_leaking_threads(tmp_path):
+    data = make_store(tmp_path / "bad.zarr", 10)
+    (tmp_path / "bad.zarr" / "u500" / "c" / "2" / "0" / "0").write_bytes(b"not zstd")
+    loader = zfeed.Loader(tmp_path / "bad.zarr", inputs=NAMES, targets=NAMES, batch_size=4)
+    next(iter(zfeed.Loader(tmp_path / "bad.zarr", inputs=["t2m"], batch_size=4)))  # start the pool
+    before = thread_count()
+    for _ in range(3):
+        with pytest.raises(zfeed.ZarrError, match="u500/c/2/0/0"):
+            for _ in loader:
+                pass
+    del loader
+    assert thread_count() <= before
+    assert data["t2m"].shape == (T, LAT, LON)
+
+
+MEMORY_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import zfeed
+
+    def rss():
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+
+    path, budget = sys.argv[1], int(sys.argv[2])
+    names = ["a", "b", "c", "d"]
+    before = rss()
+    loader = zfeed.Loader(path, inputs=names, targets=names, batch_size=4, cache_bytes=budget, seed=0)
+    peak = before
+    for epoch in range(2):
+        for batch in loader:
+            peak = max(peak, rss())
+    print(json.dumps({"growth": peak - before, "bound": loader.memory_bound, "stats": loader.stats()}))
+""")
+
+
+def test_memory_stays_within_the_bound_on_a_store_larger_than_it(tmp_path):
+    # 4 variables x 800 steps x 64 x 128 float32 = 105 MB decoded, chunks of 10 steps (328 KB);
+    # a cache of 8 MB: the loader's peak resident growth stays within its stated bound, a
+    # fraction of the store, over two epochs that decode all of it.
+    root = zfeed.create_group(tmp_path / "big.zarr")
+    rng = np.random.default_rng(0)
+    for name in ["a", "b", "c", "d"]:
+        values = rng.standard_normal((800, 64, 128)).astype("float32")
+        root.create_array(name, shape=values.shape, chunks=(10, 64, 128), dtype="float32", compressor="zstd:1",
+                          data=values)
+    budget = 8 << 20
+    out = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT, str(tmp_path / "big.zarr"), str(budget)],
+                         capture_output=True, text=True, check=True)
+    result = json.loads(out.stdout)
+    store_bytes = 4 * 800 * 64 * 128 * 4
+    print(f"memory: peak growth {result['growth'] / 2**20:.1f} MiB, bound {result['bound'] / 2**20:.1f} MiB, "
+          f"store {store_bytes / 2**20:.0f} MiB")
+    assert result["bound"] < store_bytes / 2
+    assert 0 < result["growth"] <= result["bound"]
+    assert result["stats"]["cache_bytes"] <= budget
+    assert result["stats"]["bytes_decoded"] >= store_bytes  # the whole store went through
