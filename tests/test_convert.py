@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+zfeed = pytest.importorskip("zfeed")
 xr = pytest.importorskip("xarray")
 netCDF4 = pytest.importorskip("netCDF4")
 
@@ -176,9 +177,80 @@ def test_bad_arguments(zfeed_cmd, shared, tmp_path):
     assert proc.returncode == 1 and "no variable 'q'" in proc.stderr
     proc = run(zfeed_cmd, source, tmp_path / "b.zarr", "--codec", "lzma", check=False)
     assert proc.returncode == 1 and "unknown codec" in proc.stderr
-    proc = run(zfeed_cmd, shared / "data/era5-2mt-2019-03-uk.grib", tmp_path / "c.zarr", check=False)
-    assert proc.returncode == 1 and "GRIB" in proc.stderr
+    (tmp_path / "c.bin").write_bytes(b"not a dataset")
+    proc = run(zfeed_cmd, tmp_path / "c.bin", tmp_path / "c.zarr", check=False)
+    assert proc.returncode == 1 and "not a netCDF or GRIB file" in proc.stderr
     proc = run(zfeed_cmd, source, shared / "data/ccsm-b003-TS-200-299.nc", tmp_path / "d.zarr", check=False)
     assert proc.returncode == 1 and "mismatched grids" in proc.stderr
     for name in "abcd":
         assert not (tmp_path / f"{name}.zarr").exists()
+
+
+def test_selects_levels_by_value_and_index(zfeed_cmd, shared, tmp_path):
+    source = shared / "data/ecmwf-t-z-2007-01-01.nc"
+    expected = xr.open_dataset(source)
+    out = tmp_path / "sel.zarr"
+    run(zfeed_cmd, source, out, "--sel", "level=850,500")
+    actual = xr.open_zarr(out)
+    assert list(actual["level"].values) == [850, 500]
+    assert_same_dataset(expected.sel(level=[850, 500]), actual)
+    out = tmp_path / "isel.zarr"
+    run(zfeed_cmd, source, out, "--isel", "level=1", "--variables", "t")
+    assert_same_dataset(expected[["t"]].isel(level=[1]), xr.open_zarr(out))
+    proc = run(zfeed_cmd, source, tmp_path / "bad.zarr", "--sel", "level=700", check=False)
+    assert proc.returncode == 1 and "level=700" in proc.stderr and "500, 850" in proc.stderr
+    assert not (tmp_path / "bad.zarr").exists()
+
+
+def test_stack_as_anemoi_lays_it_out_with_per_channel_stats(zfeed_cmd, shared, tmp_path):
+    source = shared / "data/ecmwf-t-z-2007-01-01.nc"
+    expected = xr.open_dataset(source)
+    out = tmp_path / "stack.zarr"
+    run(zfeed_cmd, source, out, "--stack")
+    ds = xr.open_zarr(out)
+    data = ds["data"]
+    assert data.dims == ("time", "variable", "latitude", "longitude")
+    assert data.dtype == np.float32
+    names = ["t_500", "t_850", "z_500", "z_850"]
+    assert data.attrs["variables"] == names
+    assert data.encoding["chunks"] == (1, 4, 181, 360)
+    assert set(ds.coords) == {"time", "latitude", "longitude"}
+    for k, name in enumerate(names):
+        var, level = name.split("_")
+        want = expected[var].sel(level=int(level)).values.astype(np.float32)
+        np.testing.assert_allclose(data.values[:, k], want, rtol=1e-6, err_msg=name)
+    # `zfeed stats` writes one entry per channel, as the loader reads them.
+    subprocess.run([zfeed_cmd, "stats", str(out)], check=True, capture_output=True)
+    stats = zfeed.open(str(out))["data"].attrs["zfeed_stats"]
+    assert stats["level_dim"] == "variable"
+    values = data.values.astype(np.float64)
+    np.testing.assert_allclose(stats["mean"], values.mean(axis=(0, 2, 3)), rtol=1e-9)
+    np.testing.assert_allclose(stats["std"], values.std(axis=(0, 2, 3)), rtol=1e-9)
+
+
+def test_progress_line_on_a_terminal_and_summary_otherwise(zfeed_cmd, shared, tmp_path):
+    import pty
+
+    source = shared / "data/ccsm-b003-TS-200-299.nc"
+    leader, follower = pty.openpty()
+    proc = subprocess.run([zfeed_cmd, "convert", str(source), str(tmp_path / "tty.zarr"), "--chunks", "time=1"],
+                          stdout=subprocess.PIPE, stderr=follower, text=True)
+    os.close(follower)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(leader)
+    assert proc.returncode == 0
+    line = shown.decode()
+    assert "\r" in line and "%" in line and "MB/s" in line and "ETA" in line, line
+    assert "100.0%" in line
+    # Not a terminal: no progress line, one summary line.
+    proc = run(zfeed_cmd, source, tmp_path / "pipe.zarr", "--chunks", "time=1")
+    assert "\r" not in proc.stderr and "ETA" not in proc.stderr
+    assert "converted" in proc.stdout and "MB/s" in proc.stdout
