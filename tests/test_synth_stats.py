@@ -65,8 +65,8 @@ def test_synth_is_deterministic_and_refuses_to_overwrite(tmp_path, synth_store):
     assert result.returncode != 0 and "--overwrite" in result.stderr
     run("synth", "era5", out, "--grid", "8x16", "--times", "2", "--variables", "t2m,msl", "--overwrite")
     assert sorted(xr.open_zarr(out).data_vars) == ["msl", "t2m"]
-    result = run("synth", "cam5", tmp_path / "cam5.zarr", ok=False)
-    assert result.returncode != 0 and "not implemented yet" in result.stderr
+    result = run("synth", "gfs", tmp_path / "gfs.zarr", ok=False)
+    assert result.returncode != 0 and "unknown synthetic dataset" in result.stderr
 
 
 def test_stats_equal_numpy(tmp_path, synth_store):

@@ -1,6 +1,8 @@
 #include "zfeed/tools/info.h"
 
+#include <algorithm>
 #include <cstdio>
+#include <numeric>
 
 #include "zfeed/codec/sharding.h"
 #include "zfeed/store/store.h"
@@ -11,8 +13,149 @@ namespace {
 
 std::string join_extents(const Json& extents, const char* separator) {
   std::string text;
-  for (const auto& extent : extents) text += (text.empty() ? "" : separator) + std::to_string(extent.get<uint64_t>());
+  for (const auto& extent : extents)
+    text += (text.empty() ? "" : separator) + std::to_string(extent.get<uint64_t>());
   return text;
+}
+
+// Read chunks smaller than this cost more in per-chunk overhead (a request or file each, a
+// decoder call) than in decoding; larger than kLargeChunkBytes, a sample decodes far more than
+// it uses and memory spikes.
+constexpr uint64_t kSmallChunkBytes = uint64_t(1) << 20;
+constexpr uint64_t kLargeChunkBytes = uint64_t(64) << 20;
+// Below this ratio a compressor saves too little storage to pay for decompressing every read.
+constexpr double kMinUsefulRatio = 1.1;
+
+bool is_time_dimension(const std::optional<std::string>& name) {
+  return name && (*name == "time" || *name == "valid_time" || *name == "t");
+}
+
+std::string ratio_text(double ratio) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.2fx", ratio);
+  return text;
+}
+
+// True if the chain (the inner one for sharded arrays) compresses: a bytes->bytes codec that
+// is not only a checksum.
+bool compresses(const CodecChain& chain) {
+  for (const auto& codec : chain.codecs())
+    if (codec->kind() == CodecKind::kBytesToBytes && codec->name() != "crc32c") return true;
+  return false;
+}
+
+// Advice on how the array is laid out for training reads: {"kind", "advice"} objects.
+Json advise(const zarr::Array& array, const zarr::StorageInfo& storage) {
+  const auto& meta = array.metadata();
+  Json advice = Json::array();
+  auto add = [&](const char* kind, const std::string& text) {
+    advice.push_back({{"kind", kind}, {"advice", text}});
+  };
+  // Coordinates and other 1-D arrays are read whole once.
+  if (meta.rank() < 2) return advice;
+  const std::vector<uint64_t> chunk = array.read_chunk_shape();
+  const uint64_t item = meta.dtype.size();
+  const uint64_t chunk_bytes =
+      std::accumulate(chunk.begin(), chunk.end(), item, std::multiplies<uint64_t>());
+  const uint64_t decoded = meta.num_elements() * item;
+  uint64_t chunks = 1;
+  for (size_t d = 0; d < meta.rank(); ++d)
+    chunks *= meta.shape[d] == 0 ? 0 : (meta.shape[d] + chunk[d] - 1) / chunk[d];
+  std::optional<size_t> time_dim;
+  for (size_t d = 0; d < meta.rank() && meta.dimension_names; ++d)
+    if (is_time_dimension((*meta.dimension_names)[d])) time_dim = d;
+  const bool sharded = array.codecs().sharding() != nullptr;
+  const std::string what = sharded ? "inner chunks" : "chunks";
+  std::string time_name = time_dim ? *(*meta.dimension_names)[*time_dim] : "time";
+
+  if (time_dim && chunk[*time_dim] > 1 && meta.shape[*time_dim] > 1) {
+    uint64_t steps = chunk[*time_dim];
+    add("time_chunks",
+        "read " + what + " of " + std::to_string(steps) + " " + time_name +
+            " steps: each t, t+1 sample decodes whole chunks to use 2 steps, and 2 chunks where it "
+            "crosses a chunk edge; rechunk to one step per chunk (`zfeed rechunk --chunks " +
+            time_name + "=1`, with --shards " + time_name + "=" + std::to_string(steps) +
+            " to keep the number of files)");
+  }
+  if (chunk_bytes > kLargeChunkBytes) {
+    std::string fix;
+    if (time_dim && chunk[*time_dim] > 1) {
+      fix = "`zfeed rechunk --chunks " + time_name + "=1`";
+    } else {
+      // Split the first other dimension that is chunked more than 1 deep down to about 16 MiB.
+      for (size_t d = 0; d < meta.rank(); ++d) {
+        if (d == time_dim || chunk[d] <= 1) continue;
+        uint64_t extent = std::max<uint64_t>(1, chunk[d] * (uint64_t(16) << 20) / chunk_bytes);
+        const auto& name = meta.dimension_names ? (*meta.dimension_names)[d] : std::nullopt;
+        fix = "`zfeed rechunk --chunks " + (time_dim ? time_name + "=1," : std::string()) +
+              (name ? *name : "dim" + std::to_string(d)) + "=" + std::to_string(extent) + "`";
+        break;
+      }
+    }
+    add("large_chunks", "read " + what + " of " + human_bytes(double(chunk_bytes)) +
+                            " decoded (over 64 MiB): every read decodes a whole chunk, so a "
+                            "sample costs far more than it uses and memory spikes; use smaller "
+                            "chunks" +
+                            (fix.empty() ? std::string() : " (" + fix + ")"));
+  }
+  if (chunk_bytes < kSmallChunkBytes && chunks > 1 && decoded >= kSmallChunkBytes) {
+    // A chunk that already holds one whole time step cannot grow without spanning several steps;
+    // sharding takes away the per-file cost instead (nothing left to do when already sharded).
+    bool whole_step = time_dim && chunk[*time_dim] == 1;
+    for (size_t d = 0; d < meta.rank() && whole_step; ++d)
+      if (d != time_dim && chunk[d] != meta.shape[d]) whole_step = false;
+    std::string head = "read " + what + " of " + human_bytes(double(chunk_bytes)) +
+                       " decoded are small (under 1 MiB): per-chunk overhead (a request or file "
+                       "and a decoder call each) dominates the reads; ";
+    if (whole_step && !sharded) {
+      // Shards of about 64 MiB.
+      uint64_t steps = std::clamp<uint64_t>(kLargeChunkBytes / chunk_bytes, 2,
+                                            std::max<uint64_t>(2, meta.shape[*time_dim]));
+      add("small_chunks", head + "they hold a whole " + time_name +
+                              " step already, so group them into shards (`zfeed rechunk "
+                              "--shards " +
+                              time_name + "=" + std::to_string(steps) + "`)");
+    } else if (!whole_step) {
+      // Whole fields per time step: every dimension but time whole.
+      std::string spec;
+      uint64_t whole_field_bytes = item;
+      for (size_t d = 0; d < meta.rank(); ++d) {
+        const auto& dim = meta.dimension_names ? (*meta.dimension_names)[d] : std::nullopt;
+        uint64_t extent = d == time_dim ? 1 : meta.shape[d];
+        whole_field_bytes *= extent;
+        spec += (spec.empty() ? "" : ",") + (dim ? *dim : "dim" + std::to_string(d)) + "=" +
+                std::to_string(extent);
+      }
+      add("small_chunks",
+          head + "use larger chunks" +
+              (whole_field_bytes <= kLargeChunkBytes
+                   ? ", e.g. whole fields per step (`zfeed rechunk --chunks " + spec + "`)"
+                   : std::string()));
+    }
+  }
+  if (storage.objects_present > 0 && storage.stored_bytes > 0 && storage.objects_total > 0 &&
+      compresses(sharded ? array.codecs().sharding()->inner() : array.codecs())) {
+    // Compare with the decoded size of the objects that are present only.
+    double present =
+        double(decoded) * double(storage.objects_present) / double(storage.objects_total);
+    double ratio = present / double(storage.stored_bytes);
+    if (ratio < kMinUsefulRatio) {
+      add("compression", "compression saves little (ratio " + ratio_text(ratio) +
+                             ") yet every read pays for decompression: store it uncompressed "
+                             "(`zfeed rechunk --codec none`)");
+    }
+  }
+  return advice;
+}
+
+// Gathers every array's advice below `node` as {"array", "kind", "advice"} objects.
+void collect_advice(const Json& node, Json& out) {
+  if (node["node_type"] == "array") {
+    for (const auto& item : node["advice"])
+      out.push_back({{"array", node["path"]}, {"kind", item["kind"]}, {"advice", item["advice"]}});
+    return;
+  }
+  for (const auto& member : node["members"]) collect_advice(member, out);
 }
 
 Json describe_array(const zarr::Array& array, const std::string& name) {
@@ -26,7 +169,9 @@ Json describe_array(const zarr::Array& array, const std::string& name) {
   json["data_type"] = meta.dtype.name();
   Json dims = Json::array();
   for (size_t d = 0; d < meta.rank(); ++d) {
-    dims.push_back(meta.dimension_names && (*meta.dimension_names)[d] ? Json(*(*meta.dimension_names)[d]) : Json(nullptr));
+    dims.push_back(meta.dimension_names && (*meta.dimension_names)[d]
+                       ? Json(*(*meta.dimension_names)[d])
+                       : Json(nullptr));
   }
   json["dimension_names"] = dims;
   const CodecChain& chain = array.codecs();
@@ -47,8 +192,10 @@ Json describe_array(const zarr::Array& array, const std::string& name) {
   json["stored_bytes"] = storage.stored_bytes;
   json["objects_present"] = storage.objects_present;
   json["objects_total"] = storage.objects_total;
-  json["compression_ratio"] = storage.stored_bytes ? Json(double(decoded) / double(storage.stored_bytes)) : Json(nullptr);
+  json["compression_ratio"] =
+      storage.stored_bytes ? Json(double(decoded) / double(storage.stored_bytes)) : Json(nullptr);
   json["attributes"] = meta.attributes;
+  json["advice"] = advise(array, storage);
   return json;
 }
 
@@ -73,25 +220,30 @@ Json describe_group(const zarr::Group& group, const std::string& name) {
   return json;
 }
 
-void print_node(const Json& node, std::ostream& out, const std::string& indent, bool last, bool root) {
+void print_node(const Json& node, std::ostream& out, const std::string& indent, bool last,
+                bool root) {
   std::string branch = root ? "" : (last ? "└── " : "├── ");
   std::string child_indent = root ? "" : indent + (last ? "    " : "│   ");
   const std::string name = node["name"].get<std::string>();
   if (node["node_type"] == "group") {
-    out << indent << branch << (name.empty() ? "/" : name) << "  group (zarr v" << node["zarr_format"]
-        << (node["consolidated"].get<bool>() ? ", consolidated" : "") << ")\n";
+    out << indent << branch << (name.empty() ? "/" : name) << "  group (zarr v"
+        << node["zarr_format"] << (node["consolidated"].get<bool>() ? ", consolidated" : "")
+        << ")\n";
     const auto& members = node["members"];
-    for (size_t i = 0; i < members.size(); ++i) print_node(members[i], out, child_indent, i + 1 == members.size(), false);
+    for (size_t i = 0; i < members.size(); ++i)
+      print_node(members[i], out, child_indent, i + 1 == members.size(), false);
     return;
   }
   std::string shape;
   for (size_t d = 0; d < node["shape"].size(); ++d) {
     if (d) shape += ", ";
     const auto& dim = node["dimension_names"][d];
-    shape += (dim.is_string() ? dim.get<std::string>() + "=" : std::string()) + std::to_string(node["shape"][d].get<uint64_t>());
+    shape += (dim.is_string() ? dim.get<std::string>() + "=" : std::string()) +
+             std::to_string(node["shape"][d].get<uint64_t>());
   }
-  out << indent << branch << (name.empty() ? "/" : name) << "  " << node["data_type"].get<std::string>() << " (" << shape
-      << ")  zarr v" << node["zarr_format"] << "\n";
+  out << indent << branch << (name.empty() ? "/" : name) << "  "
+      << node["data_type"].get<std::string>() << " (" << shape << ")  zarr v" << node["zarr_format"]
+      << "\n";
   std::string detail = child_indent + (root ? "  " : "    ");
   out << detail << "chunks " << join_extents(node["chunk_shape"], "x");
   if (!node["shard_shape"].is_null()) out << "  shards " << join_extents(node["shard_shape"], "x");
@@ -132,12 +284,22 @@ Json describe_store(const std::string& store_path) {
     json = describe_group(std::get<zarr::Group>(node), "");
   }
   json["store"] = store->url();
+  Json advice = Json::array();
+  collect_advice(json, advice);
+  json["advice"] = advice;
   return json;
 }
 
 void print_info(const Json& description, std::ostream& out) {
   out << description["store"].get<std::string>() << "\n";
   print_node(description, out, "", true, true);
+  const Json& advice = description["advice"];
+  if (advice.empty()) return;
+  out << "\nadvice:\n";
+  for (const auto& item : advice) {
+    std::string path = item["array"].get<std::string>();
+    out << "  " << (path.empty() ? "/" : path) << ": " << item["advice"].get<std::string>() << "\n";
+  }
 }
 
 }  // namespace zfeed::tools
