@@ -8,7 +8,7 @@ FUZZ_SECONDS ?= 30
 # One build of the Python package at a time (helpers and CI share build/python).
 LOCK := flock build/.python.lock
 
-.PHONY: all deps build python test test-cpp test-python fuzz demo bench format clean
+.PHONY: all deps build python test test-cpp test-python fuzz demo bench bench-loader format clean
 
 all: build python
 
@@ -47,6 +47,10 @@ demo: deps python
 
 bench: deps python
 	$(PY) bench/read_bench.py
+
+# The loader benchmark (zfeed bench): zfeed, the hackathon baseline, tensorstore and the zstd limit.
+bench-loader: deps python
+	$(PY) -m zfeed.bench --json docs/loader_bench.json --plot docs/loader_bench.png
 
 format:
 	clang-format -i $$(git ls-files 'src/*.cc' 'src/*.h' 'python/*.cc' 'bench/*.cc' 'fuzz/*.cc')

@@ -19,9 +19,18 @@
 //
 //   zfeed_read_limit PATH [--sample FILE | --random K [--seed S]] [--reps N] [--threads T]
 //                    [--serial-whole] [--json OUT]
+//   zfeed_read_limit GROUP --units FILE [--output-budget-mib M] [--reps N] [--threads T]
+//                    [--json OUT]
 //
 // FILE holds one read-chunk grid index per line, its coordinates separated by spaces or commas
 // ("17 0 0"). The JSON result goes to stdout (and to OUT); a short summary to stderr.
+//
+// --units (the loader benchmark, python/zfeed/bench.py): GROUP is a Zarr group and each line of
+// FILE is "ARRAY i j k", a read chunk of the array ARRAY inside it; a line may repeat (a chunk
+// decoded once per use). All the listed chunks, of every array, are decoded in one parallel pass
+// ("units" in the JSON); frames that repeat are held in memory once, and the decoded values go to
+// an output buffer of at most M MiB (default 256) whose slots are reused round robin, as a loader
+// reuses its batch buffers. Nothing else is measured.
 #include <fcntl.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -34,6 +43,7 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <sstream>
@@ -73,8 +83,10 @@ struct Layout {
 
 [[noreturn]] void usage(const std::string& why) {
   std::cerr << "zfeed_read_limit: " << why << "\n"
-            << "usage: zfeed_read_limit PATH [--sample FILE | --random K [--seed S]] [--reps N] [--threads T] "
-               "[--serial-whole] [--json OUT]\n";
+            << "usage: zfeed_read_limit PATH [--sample FILE | --random K [--seed S]] [--reps N] "
+               "[--threads T] [--serial-whole] [--json OUT]\n"
+            << "       zfeed_read_limit GROUP --units FILE [--output-budget-mib M] [--reps N] "
+               "[--threads T] [--json OUT]\n";
   std::exit(2);
 }
 
@@ -273,23 +285,36 @@ double run_parallel(size_t n, size_t threads, Work&& work) {
 }
 
 // Times reading (and decoding) `units` on `threads` threads, best of `reps` after a warm-up.
-Measure measure(const std::vector<Unit>& units, bool compressed, size_t threads, int reps) {
+// Units that name the same stored bytes share one frame in memory. With `output_budget` 0 each
+// unit has its own slot in the output buffer (a whole read lands in one array); otherwise the
+// slots fit in `output_budget` bytes (at least one per thread) and are reused round robin.
+Measure measure(const std::vector<Unit>& units, bool compressed, size_t threads, int reps,
+                uint64_t output_budget = 0) {
   Measure m;
   m.threads = threads;
   std::vector<const Unit*> present;
-  uint64_t out_size = 0;
+  uint64_t largest = 0;
   for (const Unit& unit : units) {
     if (unit.missing) continue;
     present.push_back(&unit);
     m.decoded_bytes += unit.decoded;
     m.stored_bytes += unit.length;
+    largest = std::max(largest, unit.decoded);
   }
   m.chunks = present.size();
-  // Each unit gets its own slot in one output buffer (a whole read lands in one array).
   std::vector<uint64_t> out_offsets;
-  for (const Unit* unit : present) {
-    out_offsets.push_back(out_size);
-    out_size += unit->decoded;
+  uint64_t out_size = 0;
+  if (output_budget == 0) {
+    for (const Unit* unit : present) {
+      out_offsets.push_back(out_size);
+      out_size += unit->decoded;
+    }
+  } else {
+    const uint64_t slots = std::max<uint64_t>(
+        threads,
+        std::min<uint64_t>(present.size(), output_budget / std::max<uint64_t>(1, largest)));
+    for (size_t i = 0; i < present.size(); ++i) out_offsets.push_back((i % slots) * largest);
+    out_size = std::min<uint64_t>(slots, present.size()) * largest;
   }
   Bytes out = prefaulted(out_size);
   std::vector<std::unique_ptr<ZSTD_DCtx, size_t (*)(ZSTD_DCtx*)>> contexts;
@@ -297,24 +322,36 @@ Measure measure(const std::vector<Unit>& units, bool compressed, size_t threads,
 
   std::function<void(size_t, size_t)> work;
   std::vector<Bytes> frames;
+  std::vector<size_t> frame_of(present.size());
   if (compressed) {
-    // Load every frame first (untimed), each in its own buffer as a reader would hold it.
-    frames.resize(present.size());
-    run_parallel(present.size(), threads, [&](size_t, size_t i) {
-      frames[i] = Bytes(present[i]->length);
-      read_range(*present[i], frames[i].data());
+    // Load every distinct frame first (untimed), each in its own buffer as a reader would hold it.
+    std::map<std::pair<std::string, uint64_t>, size_t> frame_index;
+    std::vector<const Unit*> distinct;
+    for (size_t i = 0; i < present.size(); ++i) {
+      auto [at, added] =
+          frame_index.try_emplace({present[i]->file, present[i]->offset}, distinct.size());
+      if (added) distinct.push_back(present[i]);
+      frame_of[i] = at->second;
+    }
+    frames.resize(distinct.size());
+    run_parallel(distinct.size(), threads, [&](size_t, size_t i) {
+      frames[i] = Bytes(distinct[i]->length);
+      read_range(*distinct[i], frames[i].data());
     });
     work = [&](size_t thread, size_t i) {
-      size_t size = ZSTD_decompressDCtx(contexts[thread].get(), out.data() + out_offsets[i], present[i]->decoded,
-                                        frames[i].data(), frames[i].size());
+      const Bytes& frame = frames[frame_of[i]];
+      size_t size = ZSTD_decompressDCtx(contexts[thread].get(), out.data() + out_offsets[i],
+                                        present[i]->decoded, frame.data(), frame.size());
       if (ZSTD_isError(size) || size != present[i]->decoded) {
-        throw Error(present[i]->file + ": zstd frame did not decode to " + std::to_string(present[i]->decoded) +
-                    " bytes" + (ZSTD_isError(size) ? std::string(" (") + ZSTD_getErrorName(size) + ")" : ""));
+        throw Error(present[i]->file + ": zstd frame did not decode to " +
+                    std::to_string(present[i]->decoded) + " bytes" +
+                    (ZSTD_isError(size) ? std::string(" (") + ZSTD_getErrorName(size) + ")" : ""));
       }
     };
   } else {
     work = [&](size_t, size_t i) {
-      if (present[i]->length != present[i]->decoded) throw Error(present[i]->file + ": size differs from the chunk's");
+      if (present[i]->length != present[i]->decoded)
+        throw Error(present[i]->file + ": size differs from the chunk's");
       read_range(*present[i], out.data() + out_offsets[i]);
     };
   }
@@ -332,6 +369,55 @@ Measure measure(const std::vector<Unit>& units, bool compressed, size_t threads,
   return m;
 }
 
+// The --units list: "ARRAY i j k" per line, each resolved through its array in the group.
+std::vector<Unit> read_units_file(const std::string& file,
+                                  const std::shared_ptr<zfeed::Store>& store,
+                                  const std::string& root, Layout& layout) {
+  std::ifstream in(file);
+  if (!in) usage("cannot read units file " + file);
+  struct Resolved {
+    Layout layout;
+    std::vector<Unit> units;
+  };
+  std::map<std::string, Resolved> arrays;
+  std::vector<Unit> listed;
+  std::string line;
+  bool first = true;
+  while (std::getline(in, line)) {
+    std::replace(line.begin(), line.end(), ',', ' ');
+    std::istringstream fields(line);
+    std::string name;
+    if (!(fields >> name)) continue;
+    auto found = arrays.find(name);
+    if (found == arrays.end()) {
+      Resolved resolved;
+      auto array = zfeed::zarr::Array::open(store, name);
+      resolved.units = resolve_all(array, root, resolved.layout);
+      if (!first && resolved.layout.compressed != layout.compressed) {
+        throw Error("the arrays of --units mix compressed and uncompressed chunks");
+      }
+      if (first) layout = resolved.layout;
+      first = false;
+      found = arrays.emplace(name, std::move(resolved)).first;
+    }
+    const Resolved& resolved = found->second;
+    std::vector<uint64_t> index;
+    uint64_t value;
+    while (fields >> value) index.push_back(value);
+    if (index.size() != resolved.layout.read_grid.size()) {
+      usage("units line \"" + line + "\" does not have " +
+            std::to_string(resolved.layout.read_grid.size()) + " indices for " + name);
+    }
+    for (size_t d = 0; d < index.size(); ++d) {
+      if (index[d] >= resolved.layout.read_grid[d])
+        usage("units line \"" + line + "\" is outside the chunk grid");
+    }
+    listed.push_back(resolved.units[ravel(index, resolved.layout.read_grid)]);
+  }
+  if (listed.empty()) usage("units file " + file + " lists no chunks");
+  return listed;
+}
+
 Json to_json(const Measure& m) {
   return {{"mbps", m.mbps()},        {"seconds", m.seconds}, {"cpu_seconds", m.cpu_seconds}, {"decoded_bytes", m.decoded_bytes},
           {"stored_bytes", m.stored_bytes}, {"chunks", m.chunks}, {"threads", m.threads}};
@@ -340,7 +426,8 @@ Json to_json(const Measure& m) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string path, sample_file, json_out;
+  std::string path, sample_file, units_file, json_out;
+  uint64_t output_budget_mib = 256;
   size_t random_count = 0;
   uint64_t seed = 0;
   int reps = 3;
@@ -354,6 +441,10 @@ int main(int argc, char** argv) {
     };
     if (arg == "--sample") {
       sample_file = value();
+    } else if (arg == "--units") {
+      units_file = value();
+    } else if (arg == "--output-budget-mib") {
+      output_budget_mib = std::max<uint64_t>(1, std::stoull(value()));
     } else if (arg == "--random") {
       random_count = std::stoul(value());
     } else if (arg == "--seed") {
@@ -380,6 +471,26 @@ int main(int argc, char** argv) {
   try {
     auto store = zfeed::make_file_store(path);
     std::string root = store->url().substr(std::string("file://").size());
+    if (!units_file.empty()) {
+      Layout layout;
+      std::vector<Unit> listed = read_units_file(units_file, store, root, layout);
+      Measure units = measure(listed, layout.compressed, threads, reps, output_budget_mib << 20);
+      Json result;
+      result["path"] = path;
+      result["kind"] = layout.compressed
+                           ? "zstd decompression (ZSTD_decompressDCtx) of frames in memory"
+                           : "open + pread of the stored bytes into memory";
+      result["threads"] = threads;
+      result["reps"] = reps;
+      result["output_budget_mib"] = output_budget_mib;
+      result["units"] = to_json(units);
+      std::cerr << "limit " << path << ": " << units.chunks << " chunks, "
+                << static_cast<int>(units.mbps()) << " MB/s decoded on " << threads << " threads\n";
+      std::string text = result.dump(2);
+      std::cout << text << "\n";
+      if (!json_out.empty()) std::ofstream(json_out) << text << "\n";
+      return 0;
+    }
     auto array = zfeed::zarr::Array::open(store, "");
     Layout layout;
     std::vector<Unit> all = resolve_all(array, root, layout);

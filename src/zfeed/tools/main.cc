@@ -5,6 +5,8 @@
 
 #include "zfeed/tools/convert.h"
 #include "zfeed/tools/info.h"
+#include "zfeed/tools/rechunk.h"
+#include "zfeed/tools/python_verb.h"
 #include "zfeed/tools/stats.h"
 #include "zfeed/tools/synth.h"
 #include "zfeed/util/error.h"
@@ -22,8 +24,13 @@ int main(int argc, char** argv) {
   zfeed::tools::add_synth_command(app);
   zfeed::tools::add_stats_command(app);
   zfeed::tools::add_convert_command(app);
+  zfeed::tools::add_rechunk_command(app);
+  auto* bench = zfeed::tools::add_python_verb(
+      app, "bench",
+      "Loader throughput on a store, zfeed beside its peers (runs python -m zfeed.bench)");
 
   CLI11_PARSE(app, argc, argv);
+  if (bench->parsed()) return zfeed::tools::exec_python_module("zfeed.bench", bench->remaining());
   try {
     if (info->parsed()) {
       zfeed::Json description = zfeed::tools::describe_store(info_path);
