@@ -354,3 +354,16 @@ def test_memory_store():
     np.testing.assert_array_equal(zfeed.open(store)[...], np.arange(6))
     assert sorted(store.list()) == ["c/0", "c/1", "zarr.json"]
     del arr
+
+
+def test_importing_after_eccodes_wheels_exits_cleanly():
+    # ecCodes' wheels bundle their own OpenLDAP; zfeed's libnetcdf -> libcurl loads the system's.
+    # Loaded in this order (as xarray does when it lists cfgrib's engine first) the process used to
+    # crash at exit. zfeed binds its own dependencies then (see zfeed/__init__.py).
+    pytest.importorskip("eccodes")
+    import subprocess
+    import sys
+    result = subprocess.run([sys.executable, "-c", "import eccodes, zfeed; print('ok')"], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"

@@ -10,7 +10,30 @@ The Zarr engine is C++ (``zfeed._core``); this module gives it a NumPy-shaped fa
     zfeed.open("era5.zarr")["t2m"][::24, :, :].mean()
 """
 
-from ._core import NodeNotFoundError, UnsupportedError, ZarrError
+import os as _os
+import sys as _sys
+
+
+def _load_core():
+    """Imports the C++ module. Where ecCodes' PyPI wheels are already loaded (cfgrib, eccodes: as
+    xarray does when it lists its engines), they bring their own copies of system libraries
+    (OpenLDAP) that the module's libnetcdf -> libcurl also loads; the two copies then mix and the
+    process crashes at exit. Binding the module's dependencies to themselves (RTLD_DEEPBIND)
+    avoids it; only then, since DEEPBIND would bypass an LD_PRELOADed allocator."""
+    if not any(name in _sys.modules for name in ("eccodes", "gribapi", "eccodeslib", "eckitlib", "cfgrib")):
+        from . import _core
+        return _core
+    flags = _sys.getdlopenflags()
+    _sys.setdlopenflags(flags | getattr(_os, "RTLD_DEEPBIND", 0))
+    try:
+        from . import _core
+    finally:
+        _sys.setdlopenflags(flags)
+    return _core
+
+
+_load_core()
+from ._core import NodeNotFoundError, UnsupportedError, ZarrError  # noqa: E402
 from .array import Array, Group, create, create_group, open, open_array, open_group, memory_store
 from .loader import Loader
 
