@@ -272,6 +272,62 @@ def metadata_seeds() -> None:
         write_seed("metadata_fuzz", json.dumps(metadata, indent=2).encode())
 
 
+# ---- GRIB: real messages cut from ../shared/data, and GRIB 2 made from ecCodes' samples ------
+
+
+def grib_message_bytes(path: Path, count: int) -> list[bytes]:
+    """The first `count` messages of a GRIB file, each exactly its own bytes."""
+    import eccodes
+
+    messages = []
+    with open(path, "rb") as f:
+        for _ in range(count):
+            handle = eccodes.codes_grib_new_from_file(f)
+            messages.append(eccodes.codes_get_message(handle))
+            eccodes.codes_release(handle)
+    return messages
+
+
+def grib_sample(sample: str, ni: int, nj: int, bitmap: bool, hour: int = 0) -> bytes:
+    import eccodes
+
+    handle = eccodes.codes_grib_new_from_samples(sample)
+    if sample.startswith("regular_ll"):
+        for key, value in (("Ni", ni), ("Nj", nj), ("latitudeOfFirstGridPointInDegrees", 10.0),
+                           ("latitudeOfLastGridPointInDegrees", 10.0 - (nj - 1)),
+                           ("longitudeOfFirstGridPointInDegrees", 0.0),
+                           ("longitudeOfLastGridPointInDegrees", float(ni - 1)),
+                           ("iDirectionIncrementInDegrees", 1.0), ("jDirectionIncrementInDegrees", 1.0)):
+            eccodes.codes_set(handle, key, value)
+        if eccodes.codes_get(handle, "edition") == 2:
+            eccodes.codes_set(handle, "numberOfDataPoints", ni * nj)
+    eccodes.codes_set(handle, "dataTime", hour)
+    eccodes.codes_set(handle, "bitsPerValue", 12)
+    size = ni * nj if sample.startswith("regular_ll") else eccodes.codes_get_size(handle, "values")
+    values = 250.0 + np.arange(size, dtype=float) % 17
+    if bitmap:
+        eccodes.codes_set(handle, "missingValue", 9999.0)
+        eccodes.codes_set(handle, "bitmapPresent", 1)
+        values[::5] = 9999.0
+    eccodes.codes_set_values(handle, values)
+    message = eccodes.codes_get_message(handle)
+    eccodes.codes_release(handle)
+    return message
+
+
+def grib_seeds() -> None:
+    """Seeds for grib_fuzz, each under 50 KB: a file of one or a few messages."""
+    hourly = grib_message_bytes(SHARED / "data" / "era5-2mt-2019-03-uk.grib", 3)
+    members = grib_message_bytes(SHARED / "data" / "era5-levels-members.grib", 2)
+    write_seed("grib_fuzz", hourly[0])
+    write_seed("grib_fuzz", b"".join(hourly))
+    write_seed("grib_fuzz", members[0])
+    write_seed("grib_fuzz", b"".join(members))  # two ensemble members
+    write_seed("grib_fuzz", b"".join(grib_sample("regular_ll_sfc_grib2", 6, 4, True, hour) for hour in (0, 600)))
+    write_seed("grib_fuzz", grib_sample("regular_ll_sfc_grib2", 5, 3, False))
+    write_seed("grib_fuzz", grib_sample("regular_gg_sfc_grib1", 0, 0, False))
+
+
 def main() -> int:
     if CORPUS.exists():
         shutil.rmtree(CORPUS)
@@ -280,6 +336,7 @@ def main() -> int:
     shard_seeds()
     array_seeds()
     metadata_seeds()
+    grib_seeds()
     total = 0
     for folder in sorted(CORPUS.iterdir()):
         files = list(folder.iterdir())

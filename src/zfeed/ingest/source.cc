@@ -1,8 +1,8 @@
 #include "zfeed/ingest/source.h"
 
 #include <filesystem>
-#include <fstream>
 
+#include "zfeed/ingest/grib.h"
 #include "zfeed/ingest/netcdf.h"
 #include "zfeed/ingest/zarr_source.h"
 #include "zfeed/util/error.h"
@@ -21,13 +21,10 @@ std::unique_ptr<Source> open_source(const std::string& path) {
   std::error_code ec;
   if (std::filesystem::is_regular_file(path, ec)) {
     if (looks_like_netcdf(path)) return std::make_unique<NetcdfSource>(path);
-    std::ifstream file(path, std::ios::binary);
-    char magic[4] = {};
-    file.read(magic, sizeof magic);
-    if (std::string_view(magic, 4) == "GRIB") {
-      throw UnsupportedError(path + ": GRIB input is not supported yet (netCDF and Zarr are)");
-    }
-    throw Error(path + ": not a netCDF file (no netCDF-3 or HDF5 signature) and not a Zarr store");
+    if (looks_like_grib(path)) return std::make_unique<GribSource>(path);
+    throw Error(path +
+                ": not a netCDF or GRIB file (no netCDF-3, HDF5 or GRIB signature) and not a Zarr "
+                "store");
   }
   if (path.find("://") == std::string::npos && !std::filesystem::exists(path, ec)) {
     throw NotFoundError(path + ": no such file or directory");

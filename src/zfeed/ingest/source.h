@@ -48,8 +48,9 @@ class Source {
   const Variable* find(std::string_view name) const;
 };
 
-// Opens a netCDF-3/4 file (recognized by its magic bytes) or a Zarr v2/v3 store (a directory or
-// URL). GRIB and other formats are refused with a clear error.
+// Opens a netCDF-3/4 file or a GRIB 1/2 file (each recognized by its magic bytes; "GRIB" may
+// follow a few bytes of padding) or a Zarr v2/v3 store (a directory or URL). Other formats are
+// refused with a clear error.
 std::unique_ptr<Source> open_source(const std::string& path);
 
 }  // namespace zfeed::ingest
