@@ -126,11 +126,15 @@ class HackathonDataset(Dataset):
 
 def make_baseline_loader(store: str | os.PathLike, variables: Sequence[str] = DEFAULT_VARIABLES, batch_size: int = 16,
                          num_workers: int = 2, seed: int = 0, lead: int = 1, normalize: Any = True,
-                         shuffle: bool = True, drop_last: bool = True, pin_memory: bool | None = None) -> DataLoader:
+                         shuffle: bool = True, drop_last: bool = True, pin_memory: bool | None = None,
+                         indices: Sequence[int] | None = None) -> DataLoader:
     """The hackathon's DataLoader over :class:`HackathonDataset`: shuffled from ``seed``,
     ``persistent_workers=True`` (with workers), ``drop_last=True``, ``pin_memory`` where CUDA is
-    available (default). Yields (x, y) float32 tensors ``[batch, channels, lat, lon]``."""
+    available (default). Yields (x, y) float32 tensors ``[batch, channels, lat, lon]``.
+    ``indices``: only these items (sample times), e.g. a training split; default all."""
     dataset = HackathonDataset(store, variables, lead=lead, normalize=normalize)
+    if indices is not None:
+        dataset = torch.utils.data.Subset(dataset, [int(i) for i in indices])
     generator = torch.Generator()
     generator.manual_seed(int(seed))
     if pin_memory is None:

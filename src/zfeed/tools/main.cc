@@ -28,9 +28,12 @@ int main(int argc, char** argv) {
   auto* bench = zfeed::tools::add_python_verb(
       app, "bench",
       "Loader throughput on a store, zfeed beside its peers (runs python -m zfeed.bench)");
+  auto* train = zfeed::tools::add_python_verb(
+      app, "train", "Training recipes: forecast, segment (runs python -m zfeed.recipes)");
 
   CLI11_PARSE(app, argc, argv);
   if (bench->parsed()) return zfeed::tools::exec_python_module("zfeed.bench", bench->remaining());
+  if (train->parsed()) return zfeed::tools::exec_python_module("zfeed.recipes", train->remaining());
   try {
     if (info->parsed()) {
       zfeed::Json description = zfeed::tools::describe_store(info_path);

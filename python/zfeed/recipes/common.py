@@ -1,0 +1,609 @@
+"""What every training recipe shares.
+
+- :func:`setup_distributed`: the device and, under ``torchrun`` (``WORLD_SIZE`` > 1), a process
+  group (NCCL on GPUs, gloo on CPUs); ``zfeed.Loader`` then shards its samples by rank on its own
+  (its ``rank``/``world_size`` default to torch.distributed's).
+- :func:`seed_everything`, :func:`set_deterministic` (deterministic algorithms: on CPU a resumed
+  run ends bit-identical to an uninterrupted one).
+- :func:`save_checkpoint` / :func:`load_checkpoint`: model, optimizer, grad scaler, step, epoch,
+  the RNG states and every rank's loader ``state_dict``, written atomically (temp file +
+  ``os.replace``) by rank 0.
+- :func:`train`: the loop skeleton a recipe fills with a :class:`Task` (model, batches, loss), in
+  one of three modes, the blog's three bars: ``real`` (train on the source's batches),
+  ``load-only`` (iterate the source, no training step) and ``synthetic`` (train on the first
+  batch's tensors, kept in memory); sources ``zfeed`` (``zfeed.Loader``) or ``baseline``
+  (the hackathon's xarray + DataLoader, :mod:`zfeed.baseline`).
+- Throughput: per step (the wait for the batch included) samples/s, MB/s (input + target bytes)
+  and model FLOP/s (the FLOPs of one forward + backward counted once with
+  ``torch.utils.flop_counter.FlopCounterMode``), each as the median with the 10th and 90th
+  percentiles over the timed steps; :func:`print_summary`, :func:`write_json`,
+  :func:`plot_throughput` (bars side by side, the headline real / synthetic fraction per source).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import io
+import json
+import math
+import os
+import random
+import sys
+import tempfile
+import time
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+import numpy as np
+import torch
+
+MODES = ("real", "load-only", "synthetic")
+SOURCES = ("zfeed", "baseline")
+
+
+def log(*args: Any) -> None:
+    print(*args, file=sys.stderr, flush=True)
+
+
+# -------------------------------------------------------------------------------------------
+# Device, distributed, seeding
+
+
+@dataclasses.dataclass
+class Dist:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = dataclasses.field(default_factory=lambda: torch.device("cpu"))
+    initialized_here: bool = False
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    def barrier(self) -> None:
+        if self.distributed:
+            torch.distributed.barrier()
+
+    def all_gather_object(self, obj: Any) -> list:
+        if not self.distributed:
+            return [obj]
+        out: list = [None] * self.world_size
+        torch.distributed.all_gather_object(out, obj)
+        return out
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.distributed:
+            torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.SUM)
+        return tensor
+
+    def close(self) -> None:
+        if self.initialized_here and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
+def setup_distributed(device: str = "auto") -> Dist:
+    """The device (``auto``: ``cuda:LOCAL_RANK`` where CUDA is available, else the CPU) and, where
+    torchrun set ``WORLD_SIZE`` > 1, the default process group (nccl on CUDA, gloo on the CPU)."""
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    rank = int(os.environ.get("RANK", "0") or 0)
+    local_rank = int(os.environ.get("LOCAL_RANK", "0") or 0)
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        index = dev.index if dev.index is not None else local_rank % max(torch.cuda.device_count(), 1)
+        dev = torch.device("cuda", index)
+        torch.cuda.set_device(dev)
+    dist = Dist(rank=rank, world_size=world, local_rank=local_rank, device=dev)
+    if world > 1 and not torch.distributed.is_initialized():
+        backend = "nccl" if dev.type == "cuda" else "gloo"
+        torch.distributed.init_process_group(backend=backend, rank=rank, world_size=world)
+        dist.initialized_here = True
+    if torch.distributed.is_initialized():
+        dist.rank, dist.world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return dist
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def set_deterministic(device: torch.device) -> None:
+    """Deterministic algorithms (errors on CPU where an op has none; a warning on CUDA, where some
+    backward kernels have none), no cuDNN autotuning."""
+    torch.use_deterministic_algorithms(True, warn_only=device.type != "cpu")
+    torch.backends.cudnn.benchmark = False
+    if device.type == "cuda":
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+
+# -------------------------------------------------------------------------------------------
+# Checkpoints
+
+
+def save_checkpoint(path: str, state: dict) -> None:
+    """``torch.save`` to a temporary file beside ``path``, then ``os.replace``: a reader (or a
+    resume after a crash) sees the old checkpoint or the new one, never half of one."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".ckpt-", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def load_checkpoint(path: str) -> dict:
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def weights_digest(model: torch.nn.Module, parameters_only: bool = False) -> str:
+    """SHA-256 over the parameters and buffers (names, dtypes, shapes and bytes): equal digests,
+    bit-identical weights."""
+    h = hashlib.sha256()
+    inner = unwrap(model)
+    items = inner.named_parameters() if parameters_only else inner.state_dict().items()
+    for name, tensor in sorted(items):
+        t = tensor.detach().cpu().contiguous()
+        h.update(name.encode())
+        h.update(str(t.dtype).encode())
+        h.update(str(tuple(t.shape)).encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+
+
+# -------------------------------------------------------------------------------------------
+# Statistics of timings
+
+
+def percentiles(values: Sequence[float]) -> dict:
+    """``{"median", "p10", "p90", "n"}`` (None where there are no values)."""
+    v = np.asarray([x for x in values if x is not None and math.isfinite(x)], dtype=np.float64)
+    if v.size == 0:
+        return {"median": None, "p10": None, "p90": None, "n": 0}
+    return {"median": float(np.median(v)), "p10": float(np.percentile(v, 10)),
+            "p90": float(np.percentile(v, 90)), "n": int(v.size)}
+
+
+# -------------------------------------------------------------------------------------------
+# The training loop
+
+
+class Task:
+    """What a recipe fills in for :func:`train`."""
+
+    name = "task"
+
+    def build_model(self) -> torch.nn.Module:
+        raise NotImplementedError
+
+    def build_optimizer(self, model: torch.nn.Module) -> torch.optim.Optimizer:
+        raise NotImplementedError
+
+    def make_source(self, source: str, dist: Dist, epoch: int) -> Any:
+        """An iterable of batches (one epoch per iteration); a zfeed source also has
+        ``set_epoch``, ``state_dict``, ``load_state_dict``."""
+        raise NotImplementedError
+
+    def prepare(self, batch: Any, device: torch.device) -> dict | None:
+        """A source's batch as ``{"inputs", "targets", "times" (or None), "samples", "bytes"}``
+        on ``device``, the samples this step trains on only (None: nothing to train on here)."""
+        raise NotImplementedError
+
+    def loss(self, model: torch.nn.Module, batch: dict) -> torch.Tensor:
+        raise NotImplementedError
+
+    def empty_loss(self, model: torch.nn.Module, batch: dict) -> torch.Tensor:
+        """A zero loss through every parameter, for a rank that has no sample in a step where
+        others do (DistributedDataParallel needs every rank's backward)."""
+        return self.loss(model, batch) * 0.0
+
+    def validate(self, model: torch.nn.Module, dist: Dist) -> dict | None:
+        return None
+
+
+@dataclasses.dataclass
+class RunResult:
+    source: str
+    mode: str
+    steps: int = 0
+    epochs_done: int = 0
+    samples: int = 0
+    step_seconds: list = dataclasses.field(default_factory=list)
+    step_samples: list = dataclasses.field(default_factory=list)
+    step_bytes: list = dataclasses.field(default_factory=list)
+    wait_seconds: list = dataclasses.field(default_factory=list)
+    losses: list = dataclasses.field(default_factory=list)
+    flops_per_sample: float | None = None
+    validation: dict | None = None
+    weights_sha256_by_rank: list | None = None
+    parameters_sha256_by_rank: list | None = None
+    loader_stats: dict | None = None
+
+    def summary(self, warmup: int) -> dict:
+        sl = slice(min(warmup, max(len(self.step_seconds) - 1, 0)), None)
+        secs, samples, nbytes = self.step_seconds[sl], self.step_samples[sl], self.step_bytes[sl]
+        sps = [n / s for n, s in zip(samples, secs) if s > 0]
+        mbps = [b / s / 1e6 for b, s in zip(nbytes, secs) if s > 0]
+        train_mode = self.mode != "load-only"
+        fps = ([n * self.flops_per_sample / s for n, s in zip(samples, secs) if s > 0]
+               if (train_mode and self.flops_per_sample) else [])
+        waits = self.wait_seconds[sl]
+        return {
+            "source": self.source, "mode": self.mode, "steps": self.steps, "timed_steps": len(secs),
+            "samples": self.samples, "epochs_done": self.epochs_done,
+            "samples_per_s": percentiles(sps), "mb_per_s": percentiles(mbps), "flop_per_s": percentiles(fps),
+            "flops_per_sample": self.flops_per_sample if train_mode else None,
+            "wait_fraction": (float(sum(waits) / sum(secs)) if secs and sum(secs) > 0 else None),
+            "first_loss": self.losses[0] if self.losses else None,
+            "final_loss": self.losses[-1] if self.losses else None,
+            "losses": self.losses,
+            "validation": self.validation,
+            "weights_sha256_by_rank": self.weights_sha256_by_rank,
+            "parameters_sha256_by_rank": self.parameters_sha256_by_rank,
+            "loader_stats": self.loader_stats,
+        }
+
+
+def count_flops(task: Task, model: torch.nn.Module, batch: dict) -> float | None:
+    """FLOPs of one forward + backward on ``batch``, per sample, on the unwrapped model (no
+    communication); gradients are dropped afterwards, the buffers (BatchNorm's running
+    statistics) restored and no optimizer step is taken, so the model and the optimizer are as
+    they were (a resumed run, which counts again, stays bit-identical)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    inner = unwrap(model)
+    buffers = {name: b.detach().clone() for name, b in inner.named_buffers()}  # BatchNorm's running stats
+    try:
+        counter = FlopCounterMode(display=False)
+        with counter:
+            loss = task.loss(inner, batch)
+            loss.backward()
+        total = counter.get_total_flops()
+    finally:
+        for p in inner.parameters():
+            p.grad = None
+        with torch.no_grad():
+            for name, b in inner.named_buffers():
+                b.copy_(buffers[name])
+    return float(total) / max(int(batch["samples"]), 1) if total else None
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _rng_state() -> dict:
+    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def train(task: Task, dist: Dist, *, source: str = "zfeed", mode: str = "real", epochs: int = 1,
+          steps: int = 0, warmup: int = 2, log_every: int = 10, checkpoint: str | None = None,
+          checkpoint_every: int = 0, resume: bool = False, times_log: str | None = None,
+          count_model_flops: bool = True, validate: bool = True, seed: int = 0,
+          amp_dtype: torch.dtype | None = None) -> RunResult:
+    """Run ``mode`` on ``source`` for ``epochs`` epochs or ``steps`` steps (0: no limit; synthetic
+    runs need ``steps`` or take one epoch's worth of steps), and validate after a real run."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if source not in SOURCES:
+        raise ValueError(f"source must be one of {', '.join(SOURCES)}, got {source!r}")
+    device = dist.device
+    seed_everything(seed)
+    model = task.build_model().to(device)
+    optimizer = task.build_optimizer(model)
+    scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
+    if dist.distributed:
+        ddp_args = {"device_ids": [device.index]} if device.type == "cuda" else {}
+        model = torch.nn.parallel.DistributedDataParallel(model, **ddp_args)
+
+    result = RunResult(source=source, mode=mode)
+    step, epoch = 0, 0
+    loader = task.make_source(source, dist, epoch=0)
+    if resume and checkpoint and os.path.exists(checkpoint):
+        if source != "zfeed":
+            raise SystemExit("--resume needs --source zfeed (the baseline DataLoader has no state to restore)")
+        state = load_checkpoint(checkpoint)
+        if state.get("world_size", 1) != dist.world_size:
+            raise SystemExit(f"{checkpoint} was written by {state.get('world_size')} processes, this run has "
+                             f"{dist.world_size}")
+        unwrap(model).load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scaler.load_state_dict(state["scaler"])
+        step, epoch = int(state["step"]), int(state["epoch"])
+        loader.load_state_dict(state["loader"][dist.rank])
+        _set_rng_state(state["rng"][dist.rank])
+        result.losses = list(state.get("losses", []))
+        if dist.main:
+            log(f"{task.name}: resumed from {checkpoint} at step {step}, epoch {epoch}")
+
+    def write_checkpoint() -> None:
+        if not checkpoint or source != "zfeed" or mode != "real":
+            return
+        loader_states = dist.all_gather_object(loader.state_dict())
+        rng_states = dist.all_gather_object(_rng_state())
+        if dist.main:
+            save_checkpoint(checkpoint, {
+                "model": unwrap(model).state_dict(), "optimizer": optimizer.state_dict(),
+                "scaler": scaler.state_dict(), "step": step, "epoch": epoch, "loader": loader_states,
+                "rng": rng_states, "world_size": dist.world_size, "losses": result.losses,
+                "task": task.name,
+            })
+        dist.barrier()
+
+    times_file = open(f"{times_log}.rank{dist.rank}", "a") if times_log else None
+
+    def train_step(batch: dict) -> float:
+        model.train()
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+            loss = task.loss(model, batch) if batch["samples"] else task.empty_loss(model, batch)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        return float(loss.detach())
+
+    def global_samples(n: int) -> int:
+        if not dist.distributed:
+            return n
+        t = torch.tensor([n], dtype=torch.int64, device=device if device.type == "cuda" else "cpu")
+        return int(dist.all_reduce_sum(t).item())
+
+    synthetic: dict | None = None
+    flops_done = not count_model_flops or mode == "load-only"
+    limit = steps if steps > 0 else None
+    if mode == "synthetic" and limit is None:
+        limit = len(loader) * max(epochs, 1)
+
+    def source_batches() -> Iterator[Any]:
+        nonlocal epoch
+        while mode == "synthetic" or epoch < epochs:
+            if source == "zfeed":
+                loader.set_epoch(epoch)
+            any_batch = False
+            for raw in loader:
+                any_batch = True
+                yield raw
+            epoch += 1
+            result.epochs_done += 1
+            if not any_batch and mode == "synthetic":
+                return
+
+    raw_batches = source_batches()
+    skipped_partial = 0
+    started = time.perf_counter()
+    while limit is None or step < limit:
+        t0 = time.perf_counter()
+        if synthetic is not None:
+            batch = synthetic
+        else:
+            raw = next(raw_batches, None)
+            if raw is None:
+                break
+            batch = task.prepare(raw, device)
+        _sync(device)
+        t1 = time.perf_counter()
+        n = int(batch["samples"])
+        if times_file is not None and synthetic is None and batch.get("times") is not None:
+            times_file.write(f"{epoch} {step} {' '.join(str(int(t)) for t in batch['times'])}\n")
+            times_file.flush()
+        loss_value = None
+        if mode != "load-only":
+            total = global_samples(n) if source == "zfeed" else n
+            if total == 0:
+                continue  # no rank has a training sample in this batch: no step anywhere
+            if mode == "synthetic" and synthetic is None:
+                if not batch.get("full", True) and skipped_partial < 2 * max(len(loader), 1):
+                    skipped_partial += 1  # keep a full batch in memory, not a split-filtered one
+                    continue
+                synthetic = batch
+            if not flops_done and n:
+                result.flops_per_sample = count_flops(task, model, batch)
+                flops_done = True
+                _sync(device)
+                t0 = t1 = time.perf_counter()  # the counting pass is not part of the step
+            loss_value = train_step(batch)
+            _sync(device)
+        t2 = time.perf_counter()
+        step += 1
+        result.steps += 1
+        result.samples += n
+        result.step_seconds.append(t2 - t0)
+        result.wait_seconds.append(t1 - t0)
+        result.step_samples.append(n)
+        result.step_bytes.append(int(batch["bytes"]))
+        if loss_value is not None:
+            result.losses.append(loss_value)
+        if dist.main and log_every and step % log_every == 0:
+            seconds = max(t2 - t0, 1e-12)
+            text = f" loss {loss_value:.4f}" if loss_value is not None else ""
+            log(f"{task.name} [{source}/{mode}] epoch {epoch} step {step}{text} "
+                f"{n / seconds:.1f} samples/s {batch['bytes'] / seconds / 1e6:.1f} MB/s")
+        if checkpoint_every and step % checkpoint_every == 0:
+            write_checkpoint()
+    elapsed = time.perf_counter() - started
+    if times_file is not None:
+        times_file.close()
+    write_checkpoint()
+    if dist.main:
+        log(f"{task.name} [{source}/{mode}]: {result.steps} steps, {result.samples} samples (rank 0) in {elapsed:.1f} s")
+    result.parameters_sha256_by_rank = dist.all_gather_object(weights_digest(model, parameters_only=True))
+    if dist.distributed:
+        # DDP broadcasts rank 0's buffers (BatchNorm's running statistics) at the start of each
+        # forward, so after the last step they differ by rank: make them rank 0's, as the
+        # checkpoint has them (and as the next forward would).
+        for b in unwrap(model).buffers():
+            torch.distributed.broadcast(b.data, src=0)
+    result.weights_sha256_by_rank = dist.all_gather_object(weights_digest(model))
+    if source == "zfeed" and hasattr(loader, "stats"):
+        result.loader_stats = loader.stats()
+    if validate and mode == "real":
+        result.validation = task.validate(model, dist)
+    result.model = model  # for callers in the same process (tests, notebooks)
+    return result
+
+
+# -------------------------------------------------------------------------------------------
+# Reporting
+
+
+def headline(summaries: Sequence[dict]) -> dict:
+    """Per source, median real-data samples/s as a fraction of median synthetic samples/s."""
+    out = {}
+    for source in SOURCES:
+        real = next((s for s in summaries if s["source"] == source and s["mode"] == "real"), None)
+        synth = next((s for s in summaries if s["source"] == source and s["mode"] == "synthetic"), None)
+        if real and synth and real["samples_per_s"]["median"] and synth["samples_per_s"]["median"]:
+            out[source] = real["samples_per_s"]["median"] / synth["samples_per_s"]["median"]
+    return out
+
+
+def _fmt(p: dict, scale: float = 1.0, digits: int = 1) -> str:
+    if p["median"] is None:
+        return "-"
+    return (f"{p['median'] / scale:.{digits}f} [{p['p10'] / scale:.{digits}f}, "
+            f"{p['p90'] / scale:.{digits}f}]")
+
+
+def summary_table(summaries: Sequence[dict]) -> str:
+    rows = [("source", "mode", "steps", "samples/s", "MB/s", "GFLOP/s", "wait", "final loss")]
+    for s in summaries:
+        rows.append((s["source"], s["mode"], str(s["timed_steps"]), _fmt(s["samples_per_s"]),
+                     _fmt(s["mb_per_s"]), _fmt(s["flop_per_s"], 1e9),
+                     f"{s['wait_fraction']:.0%}" if s["wait_fraction"] is not None else "-",
+                     f"{s['final_loss']:.4f}" if s["final_loss"] is not None else "-"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    text = "\n".join(lines)
+    text += "\nmedian [10th, 90th percentile] over the timed steps; wait: share of step time spent waiting for data"
+    for source, fraction in headline(summaries).items():
+        text += f"\n{source}: real-data throughput is {fraction:.0%} of synthetic"
+    return text
+
+
+def write_json(path: str, document: dict) -> None:
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".json-", suffix=".tmp", dir=folder)
+    with os.fdopen(fd, "w") as f:
+        json.dump(document, f, indent=2, default=float)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def plot_throughput(path: str, summaries: Sequence[dict], title: str = "") -> None:
+    """Bars of median samples/s per mode, grouped by source, with 10th-90th percentile error bars;
+    the headline fractions in the title."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sources = [s for s in SOURCES if any(x["source"] == s for x in summaries)]
+    modes = [m for m in MODES if any(x["mode"] == m for x in summaries)]
+    fig, ax = plt.subplots(figsize=(2.2 + 1.6 * len(sources) * max(len(modes), 1), 4.2))
+    width = 0.8 / max(len(modes), 1)
+    colors = {"real": "#1f77b4", "load-only": "#ff7f0e", "synthetic": "#2ca02c"}
+    for j, mode in enumerate(modes):
+        xs, heights, lo, hi = [], [], [], []
+        for i, source in enumerate(sources):
+            s = next((x for x in summaries if x["source"] == source and x["mode"] == mode), None)
+            p = s["samples_per_s"] if s else {"median": None}
+            if p["median"] is None:
+                continue
+            xs.append(i + (j - (len(modes) - 1) / 2) * width)
+            heights.append(p["median"])
+            lo.append(p["median"] - p["p10"])
+            hi.append(p["p90"] - p["median"])
+        if xs:
+            ax.bar(xs, heights, width * 0.95, yerr=[lo, hi], capsize=3, label=mode, color=colors.get(mode))
+            for x, h in zip(xs, heights):
+                ax.annotate(f"{h:.3g}", (x, h), ha="center", va="bottom", fontsize=8,
+                            xytext=(0, 2), textcoords="offset points")
+    ax.set_xticks(range(len(sources)))
+    ax.set_xticklabels(sources)
+    ax.set_ylabel("samples/s (median, 10th-90th pct)")
+    heads = headline(summaries)
+    sub = ", ".join(f"{k}: real = {v:.0%} of synthetic" for k, v in heads.items())
+    ax.set_title("\n".join(t for t in (title, sub) if t), fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# -------------------------------------------------------------------------------------------
+# Command-line pieces every recipe takes
+
+
+def add_common_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("training loop")
+    g.add_argument("--epochs", type=int, default=1, help="epochs (default 1)")
+    g.add_argument("--steps", type=int, default=0, help="stop after this many steps in all (0: run the epochs)")
+    g.add_argument("--batch-size", type=int, default=16, help="samples per batch per process (default 16)")
+    g.add_argument("--lr", type=float, default=1e-3, help="learning rate (default 1e-3)")
+    g.add_argument("--weight-decay", type=float, default=1e-4, help="AdamW weight decay (default 1e-4)")
+    g.add_argument("--seed", type=int, default=0, help="model initialization and sample order (default 0)")
+    g.add_argument("--device", default="auto", help="auto (cuda:LOCAL_RANK where available), cpu, cuda")
+    g.add_argument("--amp", choices=("none", "bf16", "fp16"), default="none",
+                   help="mixed precision (fp16 with loss scaling); default none")
+    g.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    g.add_argument("--checkpoint", help="checkpoint file (written atomically at the end and every "
+                                        "--checkpoint-every steps)")
+    g.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: only at the end)")
+    g.add_argument("--resume", action="store_true", help="continue from --checkpoint where it exists")
+    g.add_argument("--log-every", type=int, default=10, help="steps between progress lines (0: none)")
+    g.add_argument("--times-log", help="append each rank's sample times per step to PREFIX.rankN")
+    t = parser.add_argument_group("throughput accounting")
+    t.add_argument("--mode", default="real",
+                   help="real, load-only, synthetic, or several comma-separated (each run in turn)")
+    t.add_argument("--source", default="zfeed", help="zfeed, baseline, or both comma-separated")
+    t.add_argument("--warmup", type=int, default=2, help="steps left out of the timing statistics (default 2)")
+    t.add_argument("--no-flops", action="store_true", help="skip counting the model's FLOPs")
+    t.add_argument("--baseline-workers", type=int, default=2, help="DataLoader workers of the baseline (default 2)")
+    t.add_argument("--json", help="write the results as JSON here")
+    t.add_argument("--plot", help="write the throughput bar chart (PNG) here")
+
+
+def parse_list(text: str, allowed: Sequence[str], what: str) -> list[str]:
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [x for x in items if x not in allowed]
+    if bad or not items:
+        raise SystemExit(f"{what} must be among {', '.join(allowed)}, got {text!r}")
+    return items
+
+
+AMP_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}

@@ -1,0 +1,168 @@
+"""The forecast recipe (zfeed.recipes.forecast) and the shared training machinery, on a tiny
+synthetic ERA5-like store: CPU, a few steps per run, no timing assertions."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("segmentation_models_pytorch")
+
+from zfeed.recipes import common, forecast  # noqa: E402
+
+PYTHON = sys.executable
+ZFEED = str(Path(PYTHON).parent / "zfeed") if (Path(PYTHON).parent / "zfeed").exists() else shutil.which("zfeed")
+
+# A grid that does not divide by the U-Net's downsampling (padding is exercised, as on the real
+# ERA5 UK file's 33 x 49) and a small U-Net, so a step takes a few tens of milliseconds.
+SMALL = ["--encoder", "resnet18", "--encoder-depth", "3", "--decoder-channels", "32,16,16", "--threads", "1",
+         "--batch-size", "4", "--log-every", "0", "--seed", "0"]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> str:
+    if ZFEED is None:
+        pytest.skip("the zfeed command is not installed")
+    path = tmp_path_factory.mktemp("forecast") / "era5.zarr"
+    subprocess.run([ZFEED, "synth", "era5", str(path), "--lat", "20", "--lon", "36", "--times", "24",
+                    "--variables", "t2m,u500,z500", "--quiet"], check=True)
+    return str(path)
+
+
+def run(args: list[str]) -> int:
+    torch.set_num_threads(1)
+    return forecast.main(args)
+
+
+def test_hackathon_loss_equals_hand_computed():
+    pred = torch.tensor([1.0, 2.0, 3.0, 6.0]).view(1, 1, 2, 2)
+    target = torch.tensor([1.0, 1.0, 3.0, 3.0]).view(1, 1, 2, 2)
+    rmse = math.sqrt((0 + 1 + 0 + 9) / 4)
+    std_pred = math.sqrt((4 + 1 + 0 + 9) / 3)   # mean 3, unbiased
+    std_target = math.sqrt((1 + 1 + 1 + 1) / 3)  # mean 2
+    expected = rmse + 0.1 * abs(std_pred - std_target)
+    assert float(forecast.hackathon_loss(pred, target)) == pytest.approx(expected, rel=1e-6)
+    assert float(forecast.mse_loss(pred, target)) == pytest.approx(2.5)
+
+
+def test_padded_unet_any_grid():
+    torch.manual_seed(0)
+    model = forecast.PaddedUnet(1, 1, encoder_depth=3, decoder_channels=(32, 16, 16))
+    assert model(torch.randn(2, 1, 33, 49)).shape == (2, 1, 33, 49)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(store, tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("full")
+    args = ["--store", store, "--inputs", "t2m,u500,z500", "--steps", "6", "--epochs", "3",
+            "--checkpoint", str(out / "ckpt.pt"), "--json", str(out / "run.json"), *SMALL]
+    assert run(args) == 0
+    return {"dir": out, "doc": json.loads((out / "run.json").read_text()), "args": args}
+
+
+def test_loss_decreases_and_validation_against_persistence(uninterrupted):
+    doc = uninterrupted["doc"]
+    (real,) = doc["runs"]
+    assert real["mode"] == "real" and real["source"] == "zfeed" and real["steps"] == 6
+    losses = real["losses"]
+    assert len(losses) == 6 and all(math.isfinite(x) for x in losses)
+    assert sum(losses[-2:]) / 2 < sum(losses[:2]) / 2
+    # The split: 24 times, the last ceil(0.1 * 24) = 3 held out.
+    assert doc["split"] == 21 and doc["statistics_source"].startswith("computed over the training times")
+    val = doc["validation"]
+    assert val["samples"] == 2 and set(val["variables"]) == {"t2m", "u500", "z500"}
+    for v in val["variables"].values():
+        assert v["rmse"] > 0 and v["persistence_rmse"] > 0
+        assert v["ratio"] == pytest.approx(v["rmse"] / v["persistence_rmse"])
+    assert real["flops_per_sample"] > 0 and real["flop_per_s"]["median"] > 0
+
+
+def test_resume_is_bit_identical(store, uninterrupted, tmp_path):
+    ckpt = tmp_path / "ckpt.pt"
+    base = [a for a in uninterrupted["args"]]
+    i = base.index("--checkpoint")
+    base[i + 1] = str(ckpt)
+    j = base.index("--json")
+    base[j + 1] = str(tmp_path / "resumed.json")
+    first = list(base)
+    first[first.index("--steps") + 1] = "3"
+    assert run(first) == 0  # "killed" after 3 steps: the checkpoint is all that survives
+    state = torch.load(ckpt, weights_only=False)
+    assert state["step"] == 3 and state["loader"][0]["batch"] >= 1
+    assert run(base + ["--resume"]) == 0
+    resumed = json.loads((tmp_path / "resumed.json").read_text())["runs"][0]
+    full = uninterrupted["doc"]["runs"][0]
+    assert resumed["weights_sha256_by_rank"] == full["weights_sha256_by_rank"]
+    assert resumed["losses"] == full["losses"]
+    a = torch.load(uninterrupted["dir"] / "ckpt.pt", weights_only=False)
+    b = torch.load(ckpt, weights_only=False)
+    assert a["step"] == b["step"] == 6
+    for name, tensor in a["model"].items():
+        assert torch.equal(tensor, b["model"][name]), name
+
+
+def test_modes_and_baseline_write_json_and_png(store, tmp_path):
+    out_json, out_png = tmp_path / "bars.json", tmp_path / "bars.png"
+    assert run(["--store", store, "--inputs", "t2m,u500,z500", "--steps", "3", "--warmup", "1", "--no-val",
+                "--mode", "real,load-only,synthetic", "--source", "zfeed,baseline", "--baseline-workers", "0",
+                "--json", str(out_json), "--plot", str(out_png), *SMALL]) == 0
+    doc = json.loads(out_json.read_text())
+    runs = {(r["source"], r["mode"]): r for r in doc["runs"]}
+    assert set(runs) == {(s, m) for s in ("zfeed", "baseline") for m in ("real", "load-only", "synthetic")}
+    for (source, mode), r in runs.items():
+        assert r["steps"] == 3 and r["timed_steps"] == 2
+        for key in ("samples_per_s", "mb_per_s"):
+            p = r[key]
+            assert p["median"] > 0 and p["p10"] <= p["median"] <= p["p90"], (source, mode, key)
+        if mode == "load-only":
+            assert r["flop_per_s"]["median"] is None and r["losses"] == []
+        else:
+            assert r["flop_per_s"]["median"] > 0 and len(r["losses"]) == 3
+    assert set(doc["headline"]) == {"zfeed", "baseline"}
+    assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_zfeed_train_command(store):
+    if ZFEED is None:
+        pytest.skip("the zfeed command is not installed")
+    usage = subprocess.run([ZFEED, "train"], capture_output=True, text=True)
+    assert usage.returncode == 2 and "forecast" in usage.stdout
+    help_text = subprocess.run([ZFEED, "train", "forecast", "--help"], capture_output=True, text=True)
+    assert help_text.returncode == 0 and "--val-fraction" in help_text.stdout
+
+
+def test_two_processes_disjoint_samples_identical_weights(store, tmp_path):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    prefix = tmp_path / "times"
+    out_json = tmp_path / "ddp.json"
+    command = [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+               "-m", "zfeed.recipes", "forecast", "--store", store, "--inputs", "t2m", "--steps", "4",
+               "--epochs", "2", "--times-log", str(prefix), "--json", str(out_json), *SMALL]
+    command[command.index("--batch-size") + 1] = "3"
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=240)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    doc = json.loads(out_json.read_text())
+    assert doc["world_size"] == 2
+    # Parameters identical as trained; buffers (BatchNorm statistics) made rank 0's at the end.
+    for key in ("parameters_sha256_by_rank", "weights_sha256_by_rank"):
+        digests = doc["runs"][0][key]
+        assert len(digests) == 2 and digests[0] == digests[1], key
+    seen = {}
+    for rank in (0, 1):
+        lines = Path(f"{prefix}.rank{rank}").read_text().split("\n")
+        for line in filter(None, lines):
+            epoch, _step, *times = (int(x) for x in line.split())
+            seen.setdefault((rank, epoch), []).extend(times)
+    epochs = {e for (_, e) in seen}
+    for e in epochs:
+        a, b = set(seen.get((0, e), [])), set(seen.get((1, e), []))
+        assert a and b and not (a & b), (e, a, b)
+        assert all(t + 1 < doc["split"] for t in a | b)
