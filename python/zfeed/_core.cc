@@ -18,6 +18,7 @@
 namespace nb = nanobind;
 
 void bind_loader(nb::module_& m);  // _loader.cc
+void bind_cuda(nb::module_& m);    // _cuda.cc
 using namespace nb::literals;
 using zfeed::Json;
 using zfeed::zarr::Array;
@@ -207,4 +208,5 @@ NB_MODULE(_core, m) {
   m.def("registered_codecs", &zfeed::registered_codecs);
 
   bind_loader(m);
+  bind_cuda(m);
 }

@@ -78,6 +78,23 @@ def default_rank_and_world_size() -> tuple[int, int]:
     return _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
 
 
+def _device(device: Any) -> str | None:
+    """None for the CPU, else the torch device string ("cuda:N") after checking that CUDA works."""
+    text = str(device).strip().lower()
+    if text == "cpu":
+        return None
+    if text != "cuda" and not (text.startswith("cuda:") and text[5:].isdigit()):
+        raise _core.ZarrError(f"loader: device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+    index = int(text[5:]) if text.startswith("cuda:") else 0
+    status = _core.cuda_status()
+    reason = status["reason"]
+    if status["available"] and index >= status["device_count"]:
+        reason = f"no CUDA device {index} ({status['device_count']} found)"
+    if not status["available"] or reason:
+        raise _core.UnsupportedError(f"device={device!r} is unavailable: {reason}; use device='cpu'")
+    return f"cuda:{index}"
+
+
 def _typed(array, dtype: str):
     if dtype == "float16":
         return array.view(np.float16)
@@ -102,6 +119,9 @@ class Loader:
     stacked array (default "data").
     ``rank``/``world_size`` default to torch.distributed's (when initialized), else to the
     ``RANK``/``WORLD_SIZE`` environment variables.
+    ``device``: "cpu" (NumPy batches), or "cuda" / "cuda:N": torch CUDA tensors (inputs and
+    targets; copied on a side stream, see :class:`zfeed.torch.CudaCopier`); raises
+    :class:`zfeed.UnsupportedError` with the reason where CUDA is unavailable.
     ``drop_last``: True drops the remainder of the epoch that does not divide evenly among the
     ranks and the last incomplete batch; False pads every rank to the same count by repeating the
     epoch's first samples (as PyTorch's DistributedSampler does) and keeps the last, smaller batch.
@@ -112,7 +132,9 @@ class Loader:
                  world_size: int | None = None, drop_last: bool = True, normalize: Any = True,
                  prefetch: int = 2, epoch: int = 0, crop: Sequence[int] | None = None, path: str | None = None,
                  random_crop: Sequence[int] | None = None, dtype: str = "float32", order: str = "auto",
-                 window: int = 0, cache_bytes: int | None = None, stacked: str = "data"):
+                 window: int = 0, cache_bytes: int | None = None, stacked: str = "data",
+                 device: str = "cpu"):
+        self._device = _device(device)
         if isinstance(store, Group):
             core_store, group_path = store._core.store, store.path
         else:
@@ -174,7 +196,18 @@ class Loader:
                      "times": times}
             if self._random_crop:
                 batch["crops"] = crops
+            if self._device is not None:
+                batch = self._to_device(batch)
             yield batch
+
+    def _to_device(self, batch: dict) -> dict:
+        # First increment of the GPU path (issue 6): the CPU batch is copied to torch CUDA tensors
+        # on a side stream that the current stream then waits on (zfeed.torch.CudaCopier).
+        copier = getattr(self, "_copier", None)
+        if copier is None:
+            from .torch import CudaCopier
+            copier = self._copier = CudaCopier(self._device)
+        return copier(batch)
 
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch`` from its first batch (a no-op for the current epoch, so that a restored

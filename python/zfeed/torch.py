@@ -36,6 +36,35 @@ def to_torch(batch: Mapping[str, Any]) -> dict:
     return out
 
 
+class CudaCopier:
+    """Copies a CPU batch to ``device`` (``Loader(device="cuda")``, first increment of issue 6):
+    ``inputs`` and ``targets`` on a side stream, which the current stream then waits on through an
+    event (no device-wide synchronize); ``times`` and ``crops`` stay on the CPU. The copies read
+    the loader's pageable batch buffer, which CUDA stages before the copy call returns, so the
+    buffer may go back to the loader at once. Not yet: pinned buffers, the kernel cast on the GPU
+    and overlap of host assembly with the copy (zfeed's C++ cuda/ layer has the pieces)."""
+
+    def __init__(self, device: str):
+        self.device = torch.device(device)
+        self.stream = torch.cuda.Stream(device=self.device)
+
+    def __call__(self, batch: Mapping[str, Any]) -> dict:
+        tensors = to_torch(batch)
+        consumer = torch.cuda.current_stream(self.device)
+        self.stream.wait_stream(consumer)  # the consumer's earlier work on reused memory
+        out = {}
+        with torch.cuda.stream(self.stream):
+            for name, tensor in tensors.items():
+                if name in ("inputs", "targets"):
+                    moved = tensor.to(self.device, non_blocking=True)
+                    moved.record_stream(consumer)  # freed only after the consumer's use
+                    out[name] = moved
+                else:
+                    out[name] = tensor
+        consumer.wait_stream(self.stream)  # an event wait on the GPU, not a host wait
+        return out
+
+
 class ZarrIterableDataset(torch.utils.data.IterableDataset):
     """Batches of a :class:`zfeed.Loader` as dicts of torch tensors. Takes the Loader's arguments;
     ``rank`` and ``world_size`` default to torch.distributed's (or ``RANK``/``WORLD_SIZE``).
