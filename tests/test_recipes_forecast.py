@@ -166,3 +166,41 @@ def test_two_processes_disjoint_samples_identical_weights(store, tmp_path):
         a, b = set(seen.get((0, e), [])), set(seen.get((1, e), []))
         assert a and b and not (a & b), (e, a, b)
         assert all(t + 1 < doc["split"] for t in a | b)
+
+
+def test_history_and_time_features_channels(store, tmp_path):
+    """--history 2 stacks t-1 and t (the Loader's order: oldest step first, the variables within
+    each), the residual base is x_t, and --time-features adds four channels; validation reads the
+    held-out inputs in the same order."""
+    import numpy as np
+    import zfeed
+
+    out = tmp_path / "h2.json"
+    assert run(["--store", store, "--inputs", "t2m,u500", "--targets", "t2m", "--residual", "--history", "2",
+                "--steps", "2", "--json", str(out), "--checkpoint", str(tmp_path / "h2.pt"), *SMALL]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["history"] == 2 and doc["input_channels"] == 4 and not doc["time_features"]
+    weights = torch.load(tmp_path / "h2.pt", weights_only=False)["model"]
+    assert weights["net.encoder.conv1.weight"].shape[1] == 4
+    val = doc["validation"]["variables"]["t2m"]
+    assert val["rmse"] > 0 and val["persistence_rmse"] > 0
+
+    args = forecast.build_parser().parse_args(["--store", store, "--inputs", "t2m,u500", "--targets", "t2m",
+                                               "--residual", "--history", "2", "--time-features"])
+    task = forecast.ForecastTask(args, common.Dist())
+    assert task.in_channels == 2 * 2 + 4 and task.residual_index == [2]  # t2m at t
+    loader = zfeed.Loader(store, inputs=task.inputs, targets=task.targets, history=2, batch_size=3, seed=0,
+                          normalize=task.stats, shuffle=False)
+    batch = task.prepare(next(iter(loader)), torch.device("cpu"))
+    x, times = batch["inputs"], batch["times"]
+    assert x.shape[1] == 8
+    for i, t in enumerate(times):
+        expected = [task._read(n, t - 1 + k, t + k)[0] for k in range(2) for n in task.inputs]
+        for c, plane in enumerate(expected):
+            np.testing.assert_allclose(x[i, c].numpy(), plane, rtol=1e-5, atol=1e-5)
+        feats = forecast.time_features(task.time_seconds[[t]])[0]
+        np.testing.assert_allclose(x[i, 4:, 0, 0].numpy(), feats, atol=1e-6)
+        assert float(x[i, 4:].std(dim=(1, 2)).max()) == 0.0
+    # Hour 6 UTC on 1 January: a quarter turn of the day, the first day of the year.
+    sin_h, cos_h, sin_y, cos_y = forecast.time_features(np.array([6 * 3600.0]))[0]
+    assert sin_h == pytest.approx(1.0) and cos_h == pytest.approx(0.0, abs=1e-6) and cos_y == pytest.approx(1.0, abs=1e-3)

@@ -14,6 +14,11 @@ from the arrays (``zfeed.open``), normalizes them the same way, and reports per 
 physical units, the RMSE of the model and of persistence (x_t predicting x_{t+lead}) and their
 ratio (below 1: the model beats persistence).
 
+Forecaster's context: ``--history N`` feeds the inputs at t-N+1..t (zfeed.Loader's ``history``,
+oldest first, as channels; the residual base stays x_t, the last step), so the net sees the
+tendency; ``--time-features`` adds four constant channels, sin/cos of the hour of day and of the
+day of year of time t, from the store's time coordinate (CF units, "<unit> since <date>").
+
 The grid need not divide by the U-Net's downsampling: inputs are padded (circularly along a global
 longitude, by replication otherwise) up to a multiple of 2**encoder_depth and the output cropped.
 """
@@ -170,6 +175,42 @@ def _is_global_longitude(group, size: int) -> bool:
     return False
 
 
+_UNIT_SECONDS = {"seconds": 1.0, "second": 1.0, "s": 1.0, "minutes": 60.0, "minute": 60.0, "min": 60.0,
+                 "hours": 3600.0, "hour": 3600.0, "h": 3600.0, "days": 86400.0, "day": 86400.0, "d": 86400.0}
+
+
+def time_coordinate_seconds(group, size: int) -> np.ndarray:
+    """The time coordinate (``time``, ``valid_time`` or ``t``) as float64 seconds since
+    1970-01-01 UTC, from its CF ``units`` ("<unit> since <date>")."""
+    for name in ("time", "valid_time", "t"):
+        if name in group and group[name].ndim == 1 and group[name].shape[0] == size:
+            arr = group[name]
+            values = np.asarray(arr[...])
+            if np.issubdtype(values.dtype, np.datetime64):
+                return values.astype("datetime64[ns]").astype(np.int64).astype(np.float64) / 1e9
+            units = str(arr.attrs.get("units", ""))
+            unit, sep, origin = units.partition(" since ")
+            if not sep or unit.strip().lower() not in _UNIT_SECONDS:
+                raise SystemExit(f"forecast: --time-features: {name} has units {units!r}; need '<unit> since <date>'")
+            origin = origin.strip().replace(" ", "T", 1).rstrip("Z")
+            try:
+                epoch = np.datetime64(origin, "s").astype(np.int64)
+            except ValueError:
+                raise SystemExit(f"forecast: --time-features: cannot read the origin of {name}'s units {units!r}")
+            return values.astype(np.float64) * _UNIT_SECONDS[unit.strip().lower()] + float(epoch)
+    raise SystemExit(f"forecast: --time-features needs a time coordinate (time, valid_time or t) of {size} values")
+
+
+def time_features(seconds: np.ndarray) -> np.ndarray:
+    """[n, 4] float32: sin/cos of the hour of day (UTC) and of the day of year (a 365.2425-day
+    year) of each time."""
+    days = np.asarray(seconds, dtype=np.float64) / 86400.0
+    day_phase = 2 * np.pi * (days % 1.0)
+    year_phase = 2 * np.pi * ((days % 365.2425) / 365.2425)
+    return np.stack([np.sin(day_phase), np.cos(day_phase), np.sin(year_phase), np.cos(year_phase)],
+                    axis=1).astype(np.float32)
+
+
 # -------------------------------------------------------------------------------------------
 # The task
 
@@ -185,6 +226,9 @@ class ForecastTask(Task):
         self.inputs = [v.strip() for v in args.inputs.split(",") if v.strip()]
         self.targets = [v.strip() for v in args.targets.split(",") if v.strip()] if args.targets else list(self.inputs)
         self.lead = int(args.lead)
+        self.history = int(getattr(args, "history", 1))
+        if self.history < 1:
+            raise SystemExit(f"forecast: --history must be at least 1, got {self.history}")
         self.group = zfeed.open(self.store)
         shapes = {}
         for name in dict.fromkeys(self.inputs + self.targets):
@@ -207,6 +251,9 @@ class ForecastTask(Task):
         if self.split <= self.lead:
             raise SystemExit(f"forecast: {self.times} times leave no training sample with lead {self.lead} "
                              f"and --val-fraction {frac}")
+        if self.split <= self.lead + self.history - 1:
+            raise SystemExit(f"forecast: {self.times} times leave no training sample with lead {self.lead}, "
+                             f"history {self.history} and --val-fraction {frac}")
         self.val_times = list(range(self.split, self.times - self.lead)) if n_val else []
         self.stats, self.stats_source = resolve_statistics(self.store, self.group, list(dict.fromkeys(self.inputs + self.targets)),
                                                            self.split, args.stats)
@@ -217,11 +264,15 @@ class ForecastTask(Task):
             missing = [t for t in self.targets if t not in self.inputs]
             if missing:
                 raise SystemExit(f"forecast: --residual needs every target among the inputs ({', '.join(missing)} is not)")
-            self.residual_index = [self.inputs.index(t) for t in self.targets]
+            last = (self.history - 1) * len(self.inputs)  # x_t: the last history step's channels
+            self.residual_index = [last + self.inputs.index(t) for t in self.targets]
+        self.time_seconds = time_coordinate_seconds(self.group, self.times) if args.time_features else None
+        self.in_channels = self.history * len(self.inputs) + (4 if self.time_seconds is not None else 0)
         if dist.main:
             log(f"forecast: {self.store}: {self.times} times of {self.height} x {self.width}; training on times "
                 f"0..{self.split - 1} (samples t + {self.lead} < {self.split}), validating on {len(self.val_times)} "
-                f"samples from time {self.split}; statistics: {self.stats_source}")
+                f"samples from time {self.split}; statistics: {self.stats_source}; {self.in_channels} input channels "
+                f"(history {self.history}{', time features' if self.time_seconds is not None else ''})")
 
     # -- model
     def build_model(self) -> nn.Module:
@@ -229,7 +280,7 @@ class ForecastTask(Task):
         decoder = [int(c) for c in a.decoder_channels.split(",")] if a.decoder_channels else None
         if decoder is not None and len(decoder) != a.encoder_depth:
             raise SystemExit(f"forecast: --decoder-channels needs {a.encoder_depth} numbers (--encoder-depth)")
-        return PaddedUnet(len(self.inputs), len(self.targets), encoder=a.encoder, encoder_depth=a.encoder_depth,
+        return PaddedUnet(self.in_channels, len(self.targets), encoder=a.encoder, encoder_depth=a.encoder_depth,
                           decoder_channels=decoder, periodic_lon=self.periodic_lon, residual_index=self.residual_index)
 
     def build_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
@@ -242,7 +293,7 @@ class ForecastTask(Task):
             import zfeed
 
             return zfeed.Loader(self.store, inputs=self.inputs, targets=self.targets, lead=self.lead,
-                                batch_size=a.batch_size, seed=a.seed, normalize=self.stats, drop_last=True,
+                                history=self.history, batch_size=a.batch_size, seed=a.seed, normalize=self.stats, drop_last=True,
                                 epoch=epoch)
         from ..baseline import make_baseline_loader
 
@@ -250,6 +301,8 @@ class ForecastTask(Task):
             raise SystemExit("forecast: --source baseline needs the targets to be the inputs (the hackathon's task)")
         if dist.distributed:
             raise SystemExit("forecast: --source baseline runs on one process (it has no rank sharding)")
+        if self.history != 1 or self.time_seconds is not None:
+            raise SystemExit("forecast: --source baseline takes neither --history nor --time-features")
         return make_baseline_loader(self.store, self.inputs, batch_size=a.batch_size,
                                     num_workers=a.baseline_workers, seed=a.seed, lead=self.lead,
                                     normalize=self.stats, indices=range(0, self.split - self.lead))
@@ -274,9 +327,18 @@ class ForecastTask(Task):
             x, y = raw
             times = None
             full = int(x.shape[0]) == self.args.batch_size
+        if self.time_seconds is not None and times is not None:
+            x = self._with_time_features(x, times)
         non_blocking = device.type == "cuda"
         return {"inputs": x.to(device, non_blocking=non_blocking), "targets": y.to(device, non_blocking=non_blocking),
                 "times": times, "samples": int(x.shape[0]), "bytes": int(x.nbytes + y.nbytes), "full": full}
+
+    def _with_time_features(self, x: torch.Tensor, times: np.ndarray) -> torch.Tensor:
+        """``x`` with the four time-of-day / day-of-year channels of each sample's time t appended
+        (constant over the grid)."""
+        feats = torch.from_numpy(time_features(self.time_seconds[np.asarray(times, dtype=np.int64)]))
+        feats = feats.to(device=x.device, dtype=x.dtype).view(x.shape[0], 4, 1, 1).expand(-1, -1, *x.shape[-2:])
+        return torch.cat([x, feats], dim=1)
 
     def loss(self, model: nn.Module, batch: dict) -> torch.Tensor:
         pred = model(batch["inputs"])
@@ -301,10 +363,15 @@ class ForecastTask(Task):
         with torch.no_grad():
             for i in range(0, len(mine), bs):
                 ts = mine[i:i + bs]
-                start, stop = ts[0], ts[-1] + self.lead + 1  # ts are consecutive (a rank's stride apart)
+                # ts are a rank's stride apart; read from the oldest history step to the last target
+                start, stop = ts[0] - (self.history - 1), ts[-1] + self.lead + 1
                 idx = np.asarray(ts) - start
                 data = {name: self._read(name, start, stop) for name in dict.fromkeys(self.inputs + self.targets)}
-                x = torch.from_numpy(np.stack([data[n][idx] for n in self.inputs], axis=1)).to(device)
+                # channels as the Loader's: history steps oldest first, the variables within each
+                x = torch.from_numpy(np.stack([data[n][idx - (self.history - 1) + k]
+                                               for k in range(self.history) for n in self.inputs], axis=1)).to(device)
+                if self.time_seconds is not None:
+                    x = self._with_time_features(x, np.asarray(ts))
                 y = torch.from_numpy(np.stack([data[n][idx + self.lead] for n in self.targets], axis=1)).to(device)
                 pred = inner(x).float()
                 loss = self.loss_fn(pred, y)
@@ -361,6 +428,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--inputs", default="t2m,u500,v500,t500,z500,q500", help="input variables, comma-separated")
     p.add_argument("--targets", help="target variables (default: the inputs)")
     p.add_argument("--lead", type=int, default=1, help="time steps ahead (default 1)")
+    p.add_argument("--history", type=int, default=1,
+                   help="input time steps t-N+1..t stacked as channels, oldest first (default 1)")
+    p.add_argument("--time-features", action="store_true",
+                   help="add sin/cos of the hour of day and the day of year of t as four constant input channels "
+                        "(from the store's time coordinate)")
     p.add_argument("--val-fraction", type=float, default=0.1, help="held-out last fraction of the times (default 0.1)")
     p.add_argument("--loss", choices=sorted(LOSSES), default="mse", help="mse or hackathon (RMSE + 0.1 |std diff|)")
     p.add_argument("--encoder", default="resnet18", help="segmentation-models-pytorch encoder (default resnet18)")
@@ -401,7 +473,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(validation_table(validation))
             document = {
                 "recipe": "forecast", "store": args.store, "inputs": task.inputs, "targets": task.targets,
-                "lead": task.lead, "grid": [task.height, task.width], "times": task.times, "split": task.split,
+                "lead": task.lead, "history": task.history,
+                "time_features": task.time_seconds is not None, "input_channels": task.in_channels, "grid": [task.height, task.width], "times": task.times, "split": task.split,
                 "statistics": {k: list(v) for k, v in task.stats.items()}, "statistics_source": task.stats_source,
                 "world_size": dist.world_size, "device": str(dist.device), "torch_threads": torch.get_num_threads(),
                 "config": vars(args), "runs": runs, "headline": common.headline(runs), "validation": validation,
