@@ -5,6 +5,7 @@ Runs the installed command (.venv/bin/zfeed, put there by `make python`) as a us
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -254,3 +255,19 @@ def test_progress_line_on_a_terminal_and_summary_otherwise(zfeed_cmd, shared, tm
     proc = run(zfeed_cmd, source, tmp_path / "pipe.zarr", "--chunks", "time=1")
     assert "\r" not in proc.stderr and "ETA" not in proc.stderr
     assert "converted" in proc.stdout and "MB/s" in proc.stdout
+
+
+def test_ccsm_statistics_equal_numpys(zfeed_cmd, shared, tmp_path):
+    source = shared / "data/ccsm-b003-TS-200-299.nc"
+    out = tmp_path / "ccsm.zarr"
+    run(zfeed_cmd, source, out, "--chunks", "time=1")
+    proc = subprocess.run([zfeed_cmd, "stats", str(out), "--json"], capture_output=True, text=True, check=True)
+    stats = json.loads(proc.stdout)["TS"]
+    values = xr.open_dataset(source, decode_times=False)["TS"].values.astype(np.float64)
+    assert stats["count"] == values.size and stats["nan_count"] == 0
+    np.testing.assert_allclose(stats["mean"], values.mean(), rtol=1e-12)
+    np.testing.assert_allclose(stats["std"], values.std(), rtol=1e-10)
+    assert stats["min"] == values.min() and stats["max"] == values.max()
+    # Written as the attribute the loader normalizes with.
+    attrs = xr.open_zarr(out, decode_times=False)["TS"].attrs["zfeed_stats"]
+    np.testing.assert_allclose(attrs["mean"], values.mean(), rtol=1e-12)
