@@ -3,7 +3,9 @@
 - ``forecast``: the GPU-native Zarr hackathon's benchmark, a U-Net (segmentation-models-pytorch,
   ResNet encoder, no pretrained weights) mapping the fields at t to t + 1, validated against
   persistence on held-out times (:mod:`zfeed.recipes.forecast`).
-- ``segment``: extreme-weather segmentation (SC18 / MLPerf HPC DeepCAM), where present.
+- ``segment``: extreme-weather segmentation (SC18 / MLPerf HPC DeepCAM), DeepLabv3+ or Tiramisu
+  on CAM5-like data with frequency-weighted cross entropy, LARC, gradient lag and mixed precision,
+  validated by IoU per class against a background-only predictor (:mod:`zfeed.recipes.segment`).
 
 What every recipe shares (distributed setup, seeding, the training loop with atomic checkpoints and
 bit-identical resume on CPU, the throughput modes and their table, JSON and chart) is in

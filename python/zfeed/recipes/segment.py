@@ -1,0 +1,415 @@
+"""``zfeed train segment``: extreme-weather segmentation (SC18 "Exascale Deep Learning for Climate
+Analytics" and its successor MLPerf HPC DeepCAM) on CAM5-like data (``zfeed synth cam5``).
+
+A DeepLabv3+ (segmentation-models-pytorch, ResNet encoder, ``encoder_weights=None``) or a Tiramisu
+(FC-DenseNet, growth rate configurable) from :mod:`zfeed.recipes.segment_models` maps the 16 CAM5
+channels at time t (normalized with each array's ``zfeed_stats``, or statistics over the training
+times) to per-pixel logits of the classes in the integer ``labels`` array (0 background, 1
+tropical cyclone, 2 atmospheric river). zfeed.Loader reads them with ``lead=0``; an integer target
+comes out as int64 ``[batch, lat, lon]`` labels, never normalized.
+
+Loss: the frequency-weighted cross entropy of :mod:`zfeed.recipes.segment_losses`, weights
+``freq ** -exponent`` (``--weights-exponent 0.5``: SC18's inverse square root; DeepCAM's is 0.125)
+from the class frequencies of the *training* times' labels, normalized per ``--weights-normalize``.
+Optimizer Adam (L2 ``--weight-decay``), wrapped in LARC (``--larc``, trust ratio ``eta * ||w|| /
+||g||`` clipped at 1) if asked; ``--gradient-lag`` applies at step k the gradients all-reduced at
+step k - 1 (:class:`zfeed.recipes.segment_optim.GradientLag`, which does its own asynchronous
+all-reduce: DistributedDataParallel's is switched off with ``no_sync`` for every forward, as the
+module documents). The pending gradients belong to the optimizer's ``state_dict``, so checkpoints
+resume exactly; the last step's gradients are left unapplied at the end of a run. Mixed precision
+``--amp bf16|fp16`` (fp16 with loss scaling), ``--channels-last`` (parameters and inputs NHWC).
+
+Train/validation split by time, as the forecast recipe: the last ``--val-fraction`` of the times is
+held out; the training Loader runs over all times and each batch keeps only the samples before the
+split. Validation reads the held-out times from the arrays, shards them by rank, accumulates a
+confusion matrix, all-reduces it and reports the IoU per class and the mean IoU, next to those of a
+predictor of background everywhere (IoU 0 for cyclones and rivers).
+
+Distributed setup, checkpoints and resume, the throughput modes (``--mode real,load-only,synthetic``)
+and the JSON and chart are :mod:`zfeed.recipes.common`'s. ``--source baseline`` (the hackathon's
+xarray DataLoader, whose targets are its inputs a lead later) has no labels and is refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from . import common
+from .common import Dist, Task, log
+from .forecast import resolve_statistics
+from .segment_losses import ConfusionMatrix, class_frequencies, class_weights, label_counts, weighted_cross_entropy
+from .segment_models import build_model
+from .segment_optim import LARC, GradientLag
+
+CHANNELS = ["TMQ", "U850", "V850", "UBOT", "VBOT", "QREFHT", "PS", "PSL", "T200", "T500", "PRECT", "TS",
+            "TREFHT", "Z1000", "Z200", "ZBOT"]
+CLASS_NAMES = ("background", "cyclone", "river")
+
+
+def class_names(classes: int) -> list[str]:
+    return [CLASS_NAMES[c] if c < len(CLASS_NAMES) else f"class{c}" for c in range(classes)]
+
+
+def _none_if_nan(value: float) -> float | None:
+    return None if value is None or not math.isfinite(float(value)) else float(value)
+
+
+# -------------------------------------------------------------------------------------------
+# Gradient lag as an optimizer, for common.train's loop
+
+
+class LaggedOptimizer:
+    """``optimizer`` (Adam, or LARC around it) behind :class:`GradientLag`: ``step`` launches the
+    all-reduce of this step's gradients and applies the previous step's. Looks like an optimizer
+    (``param_groups``, ``state``, ``zero_grad``, ``state_dict`` with the pending gradients), so
+    :func:`zfeed.recipes.common.train` drives it as any other (``GradScaler.step`` included: with
+    fp16 it unscales first, and an overflowing step is skipped, its gradients dropped)."""
+
+    def __init__(self, params: Sequence[nn.Parameter], optimizer, lag: int = 1):
+        self.optim = optimizer
+        self.lag = GradientLag(params, optimizer, lag=lag)
+
+    @property
+    def param_groups(self):
+        return self.optim.param_groups
+
+    @property
+    def state(self):
+        return self.optim.state
+
+    @property
+    def defaults(self):
+        return self.optim.defaults
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optim.zero_grad(set_to_none=set_to_none)
+
+    def step(self, closure=None):
+        if closure is not None:
+            raise ValueError("gradient lag: step takes no closure")
+        self.lag.step(step_fn=self.optim.step)
+        return None
+
+    def state_dict(self) -> dict:
+        return {"optimizer": self.optim.state_dict(), "gradient_lag": self.lag.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optim.load_state_dict(state["optimizer"])
+        self.lag.load_state_dict(state["gradient_lag"])
+
+    def __repr__(self) -> str:
+        return f"LaggedOptimizer(lag={self.lag.lag}, {self.optim!r})"
+
+
+# -------------------------------------------------------------------------------------------
+# The task
+
+
+class SegmentTask(Task):
+    name = "segment"
+
+    def __init__(self, args: argparse.Namespace, dist: Dist):
+        import zfeed
+
+        self.args = args
+        self.dist = dist
+        self.store = args.store
+        self.inputs = [v.strip() for v in args.inputs.split(",") if v.strip()]
+        self.labels = args.labels
+        self.classes = int(args.classes)
+        self.class_names = class_names(self.classes)
+        self.group = zfeed.open(self.store)
+        shapes = {}
+        for name in dict.fromkeys(self.inputs + [self.labels]):
+            if name not in self.group:
+                raise SystemExit(f"segment: {self.store} has no array {name!r} (it has {', '.join(self.group.keys())})")
+            arr = self.group[name]
+            if arr.ndim != 3:
+                raise SystemExit(f"segment: {name} has shape {arr.shape}; give (time, lat, lon) arrays")
+            shapes[name] = arr.shape
+        if len(set(shapes.values())) != 1:
+            raise SystemExit(f"segment: the arrays' shapes differ: {shapes}")
+        if not np.issubdtype(np.dtype(self.group[self.labels].dtype), np.integer):
+            raise SystemExit(f"segment: {self.labels} has dtype {self.group[self.labels].dtype}; labels must be integers")
+        self.times, self.height, self.width = next(iter(shapes.values()))
+        frac = float(args.val_fraction)
+        if not 0 <= frac < 1:
+            raise SystemExit(f"segment: --val-fraction must be in [0, 1), got {frac}")
+        n_val = int(math.ceil(frac * self.times)) if frac > 0 else 0
+        self.split = self.times - n_val
+        if self.split < 1:
+            raise SystemExit(f"segment: {self.times} times leave no training sample with --val-fraction {frac}")
+        self.val_times = list(range(self.split, self.times))
+        self.stats, self.stats_source = resolve_statistics(self.store, self.group, self.inputs, self.split, args.stats)
+        counts = torch.zeros(self.classes, dtype=torch.int64)
+        labels = self.group[self.labels]
+        step = max(1, int(2 ** 24 // max(self.height * self.width, 1)))  # ~16 M labels per read
+        for start in range(0, self.split, step):
+            counts += label_counts(torch.from_numpy(np.asarray(labels[start:min(start + step, self.split)])),
+                                   self.classes)
+        self.label_counts = counts
+        self.frequencies = class_frequencies(counts)
+        normalize = None if args.weights_normalize == "none" else args.weights_normalize
+        self.weights = class_weights(self.frequencies, exponent=args.weights_exponent, normalize=normalize)
+        self._device_weights: torch.Tensor | None = None
+        # DeepLabv3+'s ASPP pools the image to 1 x 1 before a BatchNorm, which needs 2 samples in
+        # training: a batch left with 1 training sample by the split is skipped (a stand-in step)
+        self.min_samples = 2 if args.model == "deeplabv3plus" else 1
+        if args.batch_size < self.min_samples:
+            raise SystemExit("segment: deeplabv3plus needs --batch-size 2 or more (its ASPP image pooling "
+                             "has a BatchNorm over the batch)")
+        self.lag: LaggedOptimizer | None = None
+        if dist.main:
+            freq = ", ".join(f"{n} {float(f):.5f}" for n, f in zip(self.class_names, self.frequencies))
+            weights = ", ".join(f"{float(w):.3f}" for w in self.weights)
+            log(f"segment: {self.store}: {self.times} times of {self.height} x {self.width}, {len(self.inputs)} "
+                f"channels; training on times 0..{self.split - 1}, validating on {len(self.val_times)} from time "
+                f"{self.split}; statistics: {self.stats_source}; class frequencies ({freq}), weights ({weights}) "
+                f"with exponent {args.weights_exponent}")
+
+    # -- model
+    def build_model(self) -> nn.Module:
+        a = self.args
+        if a.model == "tiramisu":
+            layers = [int(n) for n in a.tiramisu_layers.split(",") if n.strip()]
+            options = {"growth_rate": a.growth_rate, "layers": layers, "bottleneck_layers": a.bottleneck_layers,
+                       "first_channels": a.first_channels, "dropout": a.dropout}
+        else:
+            options = {"encoder": a.encoder, "decoder_channels": a.decoder_channels}
+        return build_model(a.model, in_channels=len(self.inputs), classes=self.classes,
+                           channels_last=a.channels_last, **options)
+
+    def build_optimizer(self, model: nn.Module):
+        a = self.args
+        optimizer = torch.optim.Adam(model.parameters(), lr=a.lr, weight_decay=a.weight_decay)
+        if a.larc:
+            optimizer = LARC(optimizer, eta=a.larc_eta, mode=a.larc_mode)
+        if a.gradient_lag:
+            if self.dist.distributed and a.amp == "fp16":
+                raise SystemExit("segment: --gradient-lag with --amp fp16 runs on one process only (GradScaler's "
+                                 "per-rank overflow check would skip the lagged all-reduce on some ranks); use bf16")
+            self.lag = LaggedOptimizer([p for p in model.parameters() if p.requires_grad], optimizer, lag=1)
+            return self.lag
+        return optimizer
+
+    # -- data
+    def make_source(self, source: str, dist: Dist, epoch: int) -> Any:
+        a = self.args
+        if source != "zfeed":
+            raise SystemExit("segment: --source baseline is not available (the hackathon's xarray DataLoader "
+                             "yields the inputs a lead later as targets, no labels)")
+        import zfeed
+
+        return zfeed.Loader(self.store, inputs=self.inputs, targets=[self.labels], lead=0, batch_size=a.batch_size,
+                            seed=a.seed, normalize=self.stats, drop_last=True, epoch=epoch)
+
+    def prepare(self, raw: Any, device: torch.device) -> dict:
+        from ..torch import to_torch
+
+        tensors = to_torch(raw)
+        x, y, times = tensors["inputs"], tensors["targets"], np.asarray(raw["times"])
+        full = len(times) == self.args.batch_size
+        keep = times < self.split
+        if not keep.all():
+            if int(keep.sum()) >= self.min_samples:
+                index = torch.from_numpy(np.flatnonzero(keep))
+                x, y, times = x.index_select(0, index), y.index_select(0, index), times[keep]
+                full = False
+            else:  # a stand-in for DDP's collective backward; it carries no weight
+                n = self.min_samples
+                return {"inputs": self._to(x[:n], device), "targets": y[:n].to(device), "times": times[:0],
+                        "samples": 0, "bytes": 0, "full": False}
+        return {"inputs": self._to(x, device), "targets": y.to(device, non_blocking=device.type == "cuda"),
+                "times": times, "samples": int(x.shape[0]), "bytes": int(x.nbytes + y.nbytes), "full": full}
+
+    def _to(self, x: torch.Tensor, device: torch.device) -> torch.Tensor:
+        x = x.to(device, non_blocking=device.type == "cuda")
+        if self.args.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return x
+
+    def _weights(self, device: torch.device) -> torch.Tensor:
+        if self._device_weights is None or self._device_weights.device != device:
+            self._device_weights = self.weights.to(device)
+        return self._device_weights
+
+    def loss(self, model: nn.Module, batch: dict) -> torch.Tensor:
+        if self.lag is not None and isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            # gradient lag all-reduces itself: DDP must not (its choice is made at forward time)
+            with model.no_sync():
+                logits = model(batch["inputs"])
+        else:
+            logits = model(batch["inputs"])
+        return weighted_cross_entropy(logits, batch["targets"], self._weights(logits.device))
+
+    # -- validation
+    def validate(self, model: nn.Module, dist: Dist) -> dict | None:
+        if not self.val_times:
+            return None
+        inner = common.unwrap(model)
+        inner.eval()
+        device = dist.device
+        cm = ConfusionMatrix(self.classes, device=device)
+        background = ConfusionMatrix(self.classes, device=device)
+        sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss * n, n
+        mine = self.val_times[dist.rank::dist.world_size]
+        bs = max(int(self.args.batch_size), 1)
+        means = np.array([self.stats[n][0] for n in self.inputs], dtype=np.float32).reshape(1, -1, 1, 1)
+        stds = np.array([self.stats[n][1] for n in self.inputs], dtype=np.float32).reshape(1, -1, 1, 1)
+        with torch.no_grad():
+            for i in range(0, len(mine), bs):
+                ts = mine[i:i + bs]
+                start, stop = ts[0], ts[-1] + 1
+                idx = np.asarray(ts) - start
+                x = np.stack([np.asarray(self.group[n][start:stop], dtype=np.float32)[idx] for n in self.inputs], axis=1)
+                x = torch.from_numpy((x - means) / stds)
+                y = torch.from_numpy(np.asarray(self.group[self.labels][start:stop])[idx].astype(np.int64)).to(device)
+                logits = inner(self._to(x, device)).float()
+                cm.update(logits, y)
+                background.update(torch.zeros_like(y), y)
+                sums[0] += float(weighted_cross_entropy(logits, y, self._weights(device))) * len(ts)
+                sums[1] += len(ts)
+        if dist.distributed:
+            cm.all_reduce()
+            background.all_reduce()
+            dist.all_reduce_sum(sums)
+        n = float(sums[1])
+        iou = cm.iou()
+        bg_iou = background.iou(absent=0.0)
+        out = {
+            "samples": int(n), "times": [self.split, self.times], "loss": float(sums[0]) / max(n, 1),
+            "iou": {name: _none_if_nan(v) for name, v in zip(self.class_names, iou.tolist())},
+            "mean_iou": _none_if_nan(cm.mean_iou()), "accuracy": cm.accuracy(),
+            "background_only_iou": {name: float(v) for name, v in zip(self.class_names, bg_iou.tolist())},
+            "background_only_mean_iou": float(bg_iou.mean()),
+            "confusion_matrix": cm.matrix.cpu().tolist(),
+        }
+        for name in self.class_names:
+            out[f"iou_{name}"] = out["iou"][name]
+        return out
+
+
+def validation_table(validation: dict) -> str:
+    lines = [f"validation on {validation['samples']} held-out samples (times {validation['times'][0]}.."
+             f"{validation['times'][1] - 1}), IoU from the confusion matrix:",
+             f"  {'class':<12} {'model':>8} {'background only':>16}"]
+    for name, v in validation["iou"].items():
+        model = f"{v:.4f}" if v is not None else "-"
+        lines.append(f"  {name:<12} {model:>8} {validation['background_only_iou'][name]:>16.4f}")
+    mean = validation["mean_iou"]
+    lines.append(f"  {'mean':<12} {(f'{mean:.4f}' if mean is not None else '-'):>8} "
+                 f"{validation['background_only_mean_iou']:>16.4f}")
+    lines.append(f"  pixel accuracy {validation['accuracy']:.4f}, weighted loss {validation['loss']:.4f}")
+    return "\n".join(lines)
+
+
+# -------------------------------------------------------------------------------------------
+# Command line
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="zfeed train segment",
+        description="Train a DeepLabv3+ or Tiramisu to segment tropical cyclones and atmospheric rivers (SC18 / "
+                    "MLPerf HPC DeepCAM) on CAM5-like data, report IoU per class on held-out times against a "
+                    "background-only predictor, and account for throughput.")
+    p.add_argument("--store", required=True, help="Zarr store with (time, lat, lon) arrays (zfeed synth cam5)")
+    p.add_argument("--inputs", default=",".join(CHANNELS), help="input channels, comma-separated (default: the 16 "
+                                                                  "CAM5 channels)")
+    p.add_argument("--labels", default="labels", help="integer label array (default labels)")
+    p.add_argument("--classes", type=int, default=3, help="classes (default 3: background, cyclone, river)")
+    p.add_argument("--val-fraction", type=float, default=0.1, help="held-out last fraction of the times (default 0.1)")
+    p.add_argument("--stats", choices=("store", "train"), default="store",
+                   help="input normalization: the arrays' zfeed_stats (computed over the training times where "
+                        "missing) or always the training times' (default store)")
+    m = p.add_argument_group("model")
+    m.add_argument("--model", choices=("tiramisu", "deeplabv3plus"), default="deeplabv3plus",
+                   help="deeplabv3plus (default) or tiramisu")
+    m.add_argument("--encoder", default="resnet50", help="DeepLabv3+ encoder (default resnet50, as SC18)")
+    m.add_argument("--decoder-channels", type=int, default=256, help="DeepLabv3+ decoder channels (default 256)")
+    m.add_argument("--growth-rate", type=int, default=12, help="Tiramisu growth rate (default 12; SC18 used 32)")
+    m.add_argument("--tiramisu-layers", default="4,5,7,10,12",
+                   help="Tiramisu dense layers per down level (default 4,5,7,10,12: FC-DenseNet103)")
+    m.add_argument("--bottleneck-layers", type=int, default=15, help="Tiramisu bottleneck layers (default 15)")
+    m.add_argument("--first-channels", type=int, default=48, help="Tiramisu first convolution's features (default 48)")
+    m.add_argument("--dropout", type=float, default=0.2, help="Tiramisu dropout (default 0.2)")
+    m.add_argument("--channels-last", action="store_true", help="NHWC parameters and inputs")
+    o = p.add_argument_group("loss and optimizer")
+    o.add_argument("--weights-exponent", type=float, default=0.5,
+                   help="class weights freq ** -exponent (default 0.5, SC18's inverse square root; DeepCAM 0.125)")
+    o.add_argument("--weights-normalize", choices=("none", "min", "mean", "pixels"), default="pixels",
+                   help="class weight normalization (default pixels: frequency-weighted mean weight 1)")
+    o.add_argument("--larc", action="store_true", help="wrap Adam in LARC")
+    o.add_argument("--larc-eta", type=float, default=0.002, help="LARC trust coefficient (default 0.002)")
+    o.add_argument("--larc-mode", choices=("clip", "clip_lr", "scale"), default="clip",
+                   help="LARC factor: min(trust, 1) (clip, default), min(trust / lr, 1), or trust")
+    o.add_argument("--gradient-lag", action="store_true",
+                   help="gradient lag 1: step k applies the gradients all-reduced at step k - 1")
+    o.add_argument("--no-val", action="store_true", help="skip validation")
+    common.add_common_arguments(p)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    modes = common.parse_list(args.mode, common.MODES, "--mode")
+    sources = common.parse_list(args.source, common.SOURCES, "--source")
+    if "baseline" in sources:
+        raise SystemExit("segment: --source baseline is not available (the hackathon's xarray DataLoader has no labels)")
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    dist = common.setup_distributed(args.device)
+    try:
+        common.set_deterministic(dist.device)
+        task = SegmentTask(args, dist)
+        runs = []
+        for source in sources:
+            for mode in modes:
+                task.lag = None
+                result = common.train(
+                    task, dist, source=source, mode=mode, epochs=args.epochs, steps=args.steps, warmup=args.warmup,
+                    log_every=args.log_every, checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every,
+                    resume=args.resume, times_log=args.times_log, count_model_flops=not args.no_flops,
+                    validate=not args.no_val, seed=args.seed, amp_dtype=common.AMP_DTYPES[args.amp])
+                summary = result.summary(args.warmup)
+                if task.lag is not None:
+                    summary["gradient_lag_updates"] = task.lag.lag.updates
+                runs.append(summary)
+        if dist.main:
+            print(common.summary_table(runs))
+            validation = next((r["validation"] for r in runs if r["validation"]), None)
+            if validation:
+                print(validation_table(validation))
+            document = {
+                "recipe": "segment", "store": args.store, "inputs": task.inputs, "labels": task.labels,
+                "classes": task.class_names, "model": args.model, "grid": [task.height, task.width],
+                "times": task.times, "split": task.split,
+                "label_counts": task.label_counts.tolist(), "class_frequencies": task.frequencies.tolist(),
+                "class_weights": task.weights.tolist(), "weights_exponent": args.weights_exponent,
+                "weights_normalize": args.weights_normalize, "larc": args.larc, "gradient_lag": args.gradient_lag,
+                "amp": args.amp, "channels_last": args.channels_last,
+                "statistics": {k: list(v) for k, v in task.stats.items()}, "statistics_source": task.stats_source,
+                "world_size": dist.world_size, "device": str(dist.device), "torch_threads": torch.get_num_threads(),
+                "config": vars(args), "runs": runs, "headline": common.headline(runs), "validation": validation,
+            }
+            if args.json:
+                common.write_json(args.json, document)
+            if args.plot:
+                what = f"Tiramisu (growth {args.growth_rate})" if args.model == "tiramisu" else f"DeepLabv3+ ({args.encoder})"
+                common.plot_throughput(args.plot, runs, title=f"segment {what}, batch {args.batch_size}, "
+                                                                f"{task.height}x{task.width}x{len(task.inputs)}")
+        dist.barrier()
+    finally:
+        dist.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,99 @@
+"""The segmentation recipe (``zfeed train segment``, zfeed.recipes.segment) end to end on a tiny
+``zfeed synth cam5`` store: CPU, one torch thread, a few steps per run, no timing assertions."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+PYTHON = sys.executable
+ZFEED = str(Path(PYTHON).parent / "zfeed") if (Path(PYTHON).parent / "zfeed").exists() else shutil.which("zfeed")
+
+# A grid that does not divide by the Tiramisu's downsampling (padding is exercised) and a tiny
+# Tiramisu, so a step takes milliseconds.
+TINY = ["--model", "tiramisu", "--growth-rate", "4", "--tiramisu-layers", "2,2", "--bottleneck-layers", "2",
+        "--first-channels", "8", "--dropout", "0", "--batch-size", "2", "--threads", "1", "--log-every", "0",
+        "--seed", "0", "--val-fraction", "0.25", "--weights-exponent", "0.5"]
+CLASSES = ("background", "cyclone", "river")
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> str:
+    if ZFEED is None:
+        pytest.skip("the zfeed command is not installed")
+    path = tmp_path_factory.mktemp("segment") / "cam5.zarr"
+    subprocess.run([ZFEED, "synth", "cam5", str(path), "--lat", "22", "--lon", "36", "--times", "12", "-q"],
+                   check=True)
+    return str(path)
+
+
+def train(args: list[str]) -> None:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    run = subprocess.run([PYTHON, "-m", "zfeed.recipes", "segment", *args], capture_output=True, text=True,
+                         env=env, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run
+
+
+def test_train_segment_end_to_end(store, tmp_path):
+    out = tmp_path / "run.json"
+    run = train(["--store", store, *TINY, "--steps", "4", "--json", str(out), "--plot", str(tmp_path / "run.png")])
+    assert "background only" in run.stdout
+    doc = json.loads(out.read_text())
+    assert doc["recipe"] == "segment" and doc["model"] == "tiramisu" and doc["grid"] == [22, 36]
+    assert doc["times"] == 12 and doc["split"] == 9 and doc["classes"] == list(CLASSES)
+    # class weights freq ** -0.5 from the training labels (normalized so sum freq * w = 1)
+    freq, weights = doc["class_frequencies"], doc["class_weights"]
+    assert sum(freq) == pytest.approx(1.0) and sum(doc["label_counts"]) == 9 * 22 * 36
+    raw = [f ** -0.5 for f in freq]
+    scale = sum(f * w for f, w in zip(freq, raw))
+    assert weights == pytest.approx([w / scale for w in raw], rel=1e-5)
+    assert weights[1] > weights[2] > weights[0]  # cyclones rarest, background commonest
+    (real,) = doc["runs"]
+    assert real["mode"] == "real" and real["source"] == "zfeed" and real["steps"] == 4
+    assert len(real["losses"]) == 4 and all(math.isfinite(x) for x in real["losses"])
+    assert real["flops_per_sample"] and real["flops_per_sample"] > 0
+    val = doc["validation"]
+    assert val["samples"] == 3 and val["times"] == [9, 12]
+    for name in CLASSES:
+        assert f"iou_{name}" in val and name in val["iou"] and name in val["background_only_iou"]
+        assert val["iou"][name] is None or 0.0 <= val["iou"][name] <= 1.0
+    # the background-only predictor: IoU 0 for cyclones and rivers, background frequency for background
+    assert val["background_only_iou"]["cyclone"] == 0.0 and val["background_only_iou"]["river"] == 0.0
+    matrix = val["confusion_matrix"]
+    assert sum(map(sum, matrix)) == 3 * 22 * 36
+    assert val["background_only_iou"]["background"] == pytest.approx(sum(matrix[0]) / sum(map(sum, matrix)))
+    assert (tmp_path / "run.png").stat().st_size > 0
+
+
+def test_train_segment_larc_lag_bf16_channels_last(store, tmp_path):
+    out = tmp_path / "run.json"
+    train(["--store", store, *TINY, "--steps", "4", "--larc", "--larc-eta", "0.002", "--gradient-lag",
+           "--amp", "bf16", "--channels-last", "--json", str(out)])
+    doc = json.loads(out.read_text())
+    assert doc["larc"] and doc["gradient_lag"] and doc["amp"] == "bf16" and doc["channels_last"]
+    (real,) = doc["runs"]
+    assert real["steps"] == 4 and all(math.isfinite(x) for x in real["losses"])
+    assert real["gradient_lag_updates"] == 3  # step 0 makes no update with lag 1
+    assert doc["validation"]["mean_iou"] is not None
+
+
+def test_resume_with_gradient_lag_is_bit_identical(store, tmp_path):
+    common = ["--store", store, *TINY, "--larc", "--gradient-lag", "--no-val", "--no-flops", "--epochs", "3"]
+    train([*common, "--steps", "5", "--checkpoint", str(tmp_path / "full.pt"), "--json", str(tmp_path / "full.json")])
+    train([*common, "--steps", "2", "--checkpoint", str(tmp_path / "part.pt")])
+    train([*common, "--steps", "5", "--checkpoint", str(tmp_path / "part.pt"), "--resume",
+           "--json", str(tmp_path / "resumed.json")])
+    full = json.loads((tmp_path / "full.json").read_text())["runs"][0]
+    resumed = json.loads((tmp_path / "resumed.json").read_text())["runs"][0]
+    assert resumed["losses"] == full["losses"]
+    assert resumed["weights_sha256_by_rank"] == full["weights_sha256_by_rank"]
