@@ -488,6 +488,14 @@ def headline(summaries: Sequence[dict]) -> dict:
     return out
 
 
+def run_record(args, dist, task, runs: Sequence[dict], validation) -> dict:
+    """The keys every recipe's JSON ends with: normalization, where and how it ran, the runs and
+    their headline, and the validation."""
+    return {"statistics": {k: list(v) for k, v in task.stats.items()}, "statistics_source": task.stats_source,
+            "world_size": dist.world_size, "device": str(dist.device), "torch_threads": torch.get_num_threads(),
+            "config": vars(args), "runs": runs, "headline": headline(runs), "validation": validation}
+
+
 def _fmt(p: dict, scale: float = 1.0, digits: int = 1) -> str:
     if p["median"] is None:
         return "-"

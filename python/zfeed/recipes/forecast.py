@@ -475,9 +475,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "recipe": "forecast", "store": args.store, "inputs": task.inputs, "targets": task.targets,
                 "lead": task.lead, "history": task.history,
                 "time_features": task.time_seconds is not None, "input_channels": task.in_channels, "grid": [task.height, task.width], "times": task.times, "split": task.split,
-                "statistics": {k: list(v) for k, v in task.stats.items()}, "statistics_source": task.stats_source,
-                "world_size": dist.world_size, "device": str(dist.device), "torch_threads": torch.get_num_threads(),
-                "config": vars(args), "runs": runs, "headline": common.headline(runs), "validation": validation,
+                **common.run_record(args, dist, task, runs, validation),
             }
             if args.json:
                 common.write_json(args.json, document)

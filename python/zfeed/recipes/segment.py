@@ -46,7 +46,7 @@ from .common import Dist, Task, log
 from .forecast import resolve_statistics
 from .segment_losses import ConfusionMatrix, class_frequencies, class_weights, label_counts, weighted_cross_entropy
 from .segment_models import build_model
-from .segment_optim import LARC, GradientLag
+from .segment_optim import LARC, GradientLag, OptimizerWrapper
 
 CHANNELS = ["TMQ", "U850", "V850", "UBOT", "VBOT", "QREFHT", "PS", "PSL", "T200", "T500", "PRECT", "TS",
             "TREFHT", "Z1000", "Z200", "ZBOT"]
@@ -65,7 +65,7 @@ def _none_if_nan(value: float) -> float | None:
 # Gradient lag as an optimizer, for common.train's loop
 
 
-class LaggedOptimizer:
+class LaggedOptimizer(OptimizerWrapper):
     """``optimizer`` (Adam, or LARC around it) behind :class:`GradientLag`: ``step`` launches the
     all-reduce of this step's gradients and applies the previous step's. Looks like an optimizer
     (``param_groups``, ``state``, ``zero_grad``, ``state_dict`` with the pending gradients), so
@@ -73,23 +73,8 @@ class LaggedOptimizer:
     fp16 it unscales first, and an overflowing step is skipped, its gradients dropped)."""
 
     def __init__(self, params: Sequence[nn.Parameter], optimizer, lag: int = 1):
-        self.optim = optimizer
+        super().__init__(optimizer)
         self.lag = GradientLag(params, optimizer, lag=lag)
-
-    @property
-    def param_groups(self):
-        return self.optim.param_groups
-
-    @property
-    def state(self):
-        return self.optim.state
-
-    @property
-    def defaults(self):
-        return self.optim.defaults
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        self.optim.zero_grad(set_to_none=set_to_none)
 
     def step(self, closure=None):
         if closure is not None:
@@ -395,9 +380,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "class_weights": task.weights.tolist(), "weights_exponent": args.weights_exponent,
                 "weights_normalize": args.weights_normalize, "larc": args.larc, "gradient_lag": args.gradient_lag,
                 "amp": args.amp, "channels_last": args.channels_last,
-                "statistics": {k: list(v) for k, v in task.stats.items()}, "statistics_source": task.stats_source,
-                "world_size": dist.world_size, "device": str(dist.device), "torch_threads": torch.get_num_threads(),
-                "config": vars(args), "runs": runs, "headline": common.headline(runs), "validation": validation,
+                **common.run_record(args, dist, task, runs, validation),
             }
             if args.json:
                 common.write_json(args.json, document)

@@ -65,24 +65,18 @@ from typing import Callable, Iterable
 import torch
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-__all__ = ["LARC", "GradientLag", "MixedPrecision", "broadcast_parameters"]
+__all__ = ["OptimizerWrapper", "LARC", "GradientLag", "MixedPrecision", "broadcast_parameters"]
 
 
-class LARC:
-    """LARC around ``optimizer`` (any torch.optim.Optimizer); see the module docstring. Behaves as
-    an optimizer: ``param_groups``, ``state``, ``zero_grad``, ``step``, ``state_dict`` (the base
-    optimizer's), so ``GradScaler.step(larc)`` works (it unscales before LARC sees the gradients)."""
+class OptimizerWrapper:
+    """The optimizer interface (``param_groups``, ``state``, ``defaults``, ``zero_grad``,
+    ``state_dict``, ``add_param_group``) forwarded to ``self.optim``, for wrappers that change only
+    ``step`` (and what they checkpoint), so that ``GradScaler.step`` and training loops take them
+    as any optimizer."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, eta: float = 0.002, mode: str = "clip",
-                 eps: float = 1e-8):
-        if mode not in ("clip", "clip_lr", "scale"):
-            raise ValueError(f"LARC: mode must be 'clip', 'clip_lr' or 'scale', got {mode!r}")
+    def __init__(self, optimizer):
         self.optim = optimizer
-        self.eta = float(eta)
-        self.mode = mode
-        self.eps = float(eps)
 
-    # the optimizer interface
     @property
     def param_groups(self):
         return self.optim.param_groups
@@ -106,6 +100,21 @@ class LARC:
 
     def add_param_group(self, group: dict) -> None:
         self.optim.add_param_group(group)
+
+
+class LARC(OptimizerWrapper):
+    """LARC around ``optimizer`` (any torch.optim.Optimizer); see the module docstring. Behaves as
+    an optimizer: ``param_groups``, ``state``, ``zero_grad``, ``step``, ``state_dict`` (the base
+    optimizer's), so ``GradScaler.step(larc)`` works (it unscales before LARC sees the gradients)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, eta: float = 0.002, mode: str = "clip",
+                 eps: float = 1e-8):
+        if mode not in ("clip", "clip_lr", "scale"):
+            raise ValueError(f"LARC: mode must be 'clip', 'clip_lr' or 'scale', got {mode!r}")
+        super().__init__(optimizer)
+        self.eta = float(eta)
+        self.mode = mode
+        self.eps = float(eps)
 
     def __repr__(self) -> str:
         return f"LARC(eta={self.eta}, mode={self.mode!r}, {self.optim!r})"

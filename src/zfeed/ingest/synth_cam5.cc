@@ -519,42 +519,6 @@ void Cam5Synth::generate(double hours, std::span<float> channels, std::span<uint
   }
 }
 
-namespace {
-
-zarr::ArrayMetadata array_metadata(std::vector<uint64_t> shape, DataType dtype,
-                                   std::vector<uint64_t> chunks,
-                                   std::optional<std::vector<uint64_t>> shard,
-                                   const Json& compressor, std::vector<std::string> dims,
-                                   Json attributes) {
-  zarr::ArrayMetadata meta;
-  meta.zarr_format = 3;
-  meta.shape = std::move(shape);
-  meta.dtype = dtype;
-  meta.fill_value = parse_fill_value(dtype.is_float() ? Json("NaN") : Json(0), dtype, false);
-  Json chain = Json::array({{{"name", "bytes"}, {"configuration", {{"endian", "little"}}}}});
-  if (!compressor.is_null()) chain.push_back(compressor);
-  if (shard) {
-    meta.chunk_shape = *shard;
-    meta.codecs = Json::array(
-        {{{"name", "sharding_indexed"},
-          {"configuration",
-           {{"chunk_shape", chunks},
-            {"codecs", chain},
-            {"index_codecs",
-             Json::array({{{"name", "bytes"}, {"configuration", {{"endian", "little"}}}},
-                          {{"name", "crc32c"}}})},
-            {"index_location", "end"}}}}});
-  } else {
-    meta.chunk_shape = std::move(chunks);
-    meta.codecs = chain;
-  }
-  meta.dimension_names = std::vector<std::optional<std::string>>(dims.begin(), dims.end());
-  meta.attributes = std::move(attributes);
-  return meta;
-}
-
-}  // namespace
-
 void write_cam5_synth(const Cam5SynthOptions& options) {
   Cam5Synth synth(options.seed, options.nlat, options.nlon);
   if (options.times == 0) throw Error("synth cam5: --times must be at least 1");
@@ -592,26 +556,27 @@ void write_cam5_synth(const Cam5SynthOptions& options) {
   const uint64_t nt = options.times, nlat = options.nlat, nlon = options.nlon;
   auto lat = zarr::Array::create(
       store, "lat",
-      array_metadata(
+      synth_array_metadata(
           {nlat}, f64, {nlat}, std::nullopt, nullptr, {"lat"},
           {{"units", "degrees_north"}, {"standard_name", "latitude"}, {"long_name", "latitude"}}));
   lat.write(lat.full_selection(), synth.latitudes().data());
   auto lon = zarr::Array::create(
       store, "lon",
-      array_metadata(
+      synth_array_metadata(
           {nlon}, f64, {nlon}, std::nullopt, nullptr, {"lon"},
           {{"units", "degrees_east"}, {"standard_name", "longitude"}, {"long_name", "longitude"}}));
   lon.write(lon.full_selection(), synth.longitudes().data());
   std::vector<int64_t> hours(nt);
   for (uint64_t t = 0; t < nt; ++t)
     hours[t] = int64_t(options.start_hours) + int64_t(t) * int64_t(options.step_hours);
-  auto time = zarr::Array::create(
-      store, "time",
-      array_metadata({nt}, i64, {std::min<uint64_t>(nt, 1u << 20)}, std::nullopt, nullptr, {"time"},
-                     {{"units", "hours since 2000-01-01"},
-                      {"calendar", "standard"},
-                      {"standard_name", "time"},
-                      {"long_name", "time"}}));
+  auto time =
+      zarr::Array::create(store, "time",
+                          synth_array_metadata({nt}, i64, {std::min<uint64_t>(nt, 1u << 20)},
+                                               std::nullopt, nullptr, {"time"},
+                                               {{"units", "hours since 2000-01-01"},
+                                                {"calendar", "standard"},
+                                                {"standard_name", "time"},
+                                                {"long_name", "time"}}));
   time.write(time.full_selection(), hours.data());
 
   // One time step per chunk over the whole grid, optionally in shards of N steps.
@@ -633,30 +598,30 @@ void write_cam5_synth(const Cam5SynthOptions& options) {
     std::vector<uint64_t> chunk = {1, Cam5Synth::kChannels, nlat, nlon};
     stacked = zarr::Array::create(
         store, "data",
-        array_metadata({nt, Cam5Synth::kChannels, nlat, nlon}, f32, chunk, shard_of(chunk),
-                       compressor, {"time", "variable", "lat", "lon"},
-                       {{"variables", names},
-                        {"variable_units", units},
-                        {"variable_long_names", long_names},
-                        {"long_name", "CAM5-like channels, stacked"}}));
+        synth_array_metadata({nt, Cam5Synth::kChannels, nlat, nlon}, f32, chunk, shard_of(chunk),
+                             compressor, {"time", "variable", "lat", "lon"},
+                             {{"variables", names},
+                              {"variable_units", units},
+                              {"variable_long_names", long_names},
+                              {"long_name", "CAM5-like channels, stacked"}}));
   } else {
     for (const auto& v : variables) {
       std::vector<uint64_t> chunk = {1, nlat, nlon};
       channel_arrays.push_back(zarr::Array::create(
           store, v.name,
-          array_metadata({nt, nlat, nlon}, f32, chunk, shard_of(chunk), compressor, field_dims,
-                         {{"units", v.units}, {"long_name", v.long_name}})));
+          synth_array_metadata({nt, nlat, nlon}, f32, chunk, shard_of(chunk), compressor,
+                               field_dims, {{"units", v.units}, {"long_name", v.long_name}})));
     }
   }
   std::vector<uint64_t> label_chunk = {1, nlat, nlon};
   auto labels = zarr::Array::create(
       store, "labels",
-      array_metadata({nt, nlat, nlon}, u8, label_chunk, shard_of(label_chunk), compressor,
-                     field_dims,
-                     {{"long_name", "extreme weather class per pixel"},
-                      {"classes", class_names},
-                      {"flag_values", Json::array({0, 1, 2})},
-                      {"flag_meanings", "background tropical_cyclone atmospheric_river"}}));
+      synth_array_metadata({nt, nlat, nlon}, u8, label_chunk, shard_of(label_chunk), compressor,
+                           field_dims,
+                           {{"long_name", "extreme weather class per pixel"},
+                            {"classes", class_names},
+                            {"flag_values", Json::array({0, 1, 2})},
+                            {"flag_meanings", "background tropical_cyclone atmospheric_river"}}));
 
   const size_t blocks = size_t((nt + block - 1) / block);
   const size_t field = synth.field_size(), channels = Cam5Synth::kChannels;

@@ -324,13 +324,11 @@ double parse_start_time(const std::string& text) {
   return double(days) * 24 + hour + minute / 60.0;
 }
 
-namespace {
-
-zarr::ArrayMetadata array_metadata(std::vector<uint64_t> shape, DataType dtype,
-                                   std::vector<uint64_t> chunks,
-                                   std::optional<std::vector<uint64_t>> shard,
-                                   const Json& compressor, std::vector<std::string> dims,
-                                   Json attributes) {
+zarr::ArrayMetadata synth_array_metadata(std::vector<uint64_t> shape, DataType dtype,
+                                         std::vector<uint64_t> chunks,
+                                         std::optional<std::vector<uint64_t>> shard,
+                                         const Json& compressor, std::vector<std::string> dims,
+                                         Json attributes) {
   zarr::ArrayMetadata meta;
   meta.zarr_format = 3;
   meta.shape = std::move(shape);
@@ -359,8 +357,6 @@ zarr::ArrayMetadata array_metadata(std::vector<uint64_t> shape, DataType dtype,
   return meta;
 }
 
-}  // namespace
-
 void write_era5_synth(const SynthOptions& options) {
   std::vector<std::string> variables =
       options.variables.empty() ? era5_default_variables() : options.variables;
@@ -388,13 +384,13 @@ void write_era5_synth(const SynthOptions& options) {
   // Coordinates.
   auto latitude = zarr::Array::create(
       store, "latitude",
-      array_metadata(
+      synth_array_metadata(
           {nlat}, f64, {nlat}, std::nullopt, nullptr, {"latitude"},
           {{"units", "degrees_north"}, {"standard_name", "latitude"}, {"long_name", "latitude"}}));
   latitude.write(latitude.full_selection(), synth.latitudes().data());
   auto longitude = zarr::Array::create(
       store, "longitude",
-      array_metadata(
+      synth_array_metadata(
           {nlon}, f64, {nlon}, std::nullopt, nullptr, {"longitude"},
           {{"units", "degrees_east"}, {"standard_name", "longitude"}, {"long_name", "longitude"}}));
   longitude.write(longitude.full_selection(), synth.longitudes().data());
@@ -404,13 +400,14 @@ void write_era5_synth(const SynthOptions& options) {
   if (!integral) throw Error("synth era5: the start and the step must be whole hours");
   for (uint64_t t = 0; t < nt; ++t)
     hours[t] = int64_t(options.start_hours) + int64_t(t) * int64_t(options.step_hours);
-  auto time = zarr::Array::create(
-      store, "time",
-      array_metadata({nt}, i64, {std::min<uint64_t>(nt, 1u << 20)}, std::nullopt, nullptr, {"time"},
-                     {{"units", "hours since 2000-01-01"},
-                      {"calendar", "standard"},
-                      {"standard_name", "time"},
-                      {"long_name", "time"}}));
+  auto time =
+      zarr::Array::create(store, "time",
+                          synth_array_metadata({nt}, i64, {std::min<uint64_t>(nt, 1u << 20)},
+                                               std::nullopt, nullptr, {"time"},
+                                               {{"units", "hours since 2000-01-01"},
+                                                {"calendar", "standard"},
+                                                {"standard_name", "time"},
+                                                {"long_name", "time"}}));
   time.write(time.full_selection(), hours.data());
 
   // Variables: chunks of one time step over the whole grid, optionally in shards of N steps.
@@ -424,9 +421,9 @@ void write_era5_synth(const SynthOptions& options) {
     if (options.shard_times) shard = std::vector<uint64_t>{block, nlat, nlon};
     arrays.push_back(zarr::Array::create(
         store, name,
-        array_metadata({nt, nlat, nlon}, f32, {1, nlat, nlon}, shard, compressor,
-                       {"time", "latitude", "longitude"},
-                       {{"units", info->units}, {"long_name", info->long_name}})));
+        synth_array_metadata({nt, nlat, nlon}, f32, {1, nlat, nlon}, shard, compressor,
+                             {"time", "latitude", "longitude"},
+                             {{"units", info->units}, {"long_name", info->long_name}})));
   }
 
   const size_t blocks = size_t((nt + block - 1) / block);

@@ -7,12 +7,14 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "zfeed/store/store.h"
 #include "zfeed/util/json.h"
+#include "zfeed/zarr/metadata.h"
 
 namespace zfeed::ingest {
 
@@ -87,5 +89,14 @@ void write_era5_synth(const SynthOptions& options);
 
 // "2000-01-01", "2000-01-01T06", "2000-01-01T06:00" -> hours since 2000-01-01 00 UTC.
 double parse_start_time(const std::string& text);
+
+// The metadata of a synthetic array (shared by the era5 and cam5 synthesizers): Zarr v3, little
+// endian, `compressor` (null: none) inside sharding_indexed with a crc32c index when `shard` is
+// given, NaN fill for floats and 0 otherwise.
+zarr::ArrayMetadata synth_array_metadata(std::vector<uint64_t> shape, DataType dtype,
+                                         std::vector<uint64_t> chunks,
+                                         std::optional<std::vector<uint64_t>> shard,
+                                         const Json& compressor, std::vector<std::string> dims,
+                                         Json attributes);
 
 }  // namespace zfeed::ingest
