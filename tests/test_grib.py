@@ -9,8 +9,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import zfeed
 import zfeed_cli
 
+if hasattr(zfeed, "build_info") and not zfeed.build_info()["grib"]:
+    pytest.skip(zfeed.build_info()["grib_reason"], allow_module_level=True)
 xr = pytest.importorskip("xarray")
 eccodes = pytest.importorskip("eccodes")
 pytest.importorskip("cfgrib")

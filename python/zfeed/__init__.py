@@ -34,7 +34,7 @@ def _load_core():
 
 _load_core()
 from ._core import NodeNotFoundError, UnsupportedError, ZarrError  # noqa: E402
-from ._core import cuda_status  # noqa: E402
+from ._core import build_info, cuda_status  # noqa: E402
 from .array import Array, Group, create, create_group, open, open_array, open_group, memory_store
 from .loader import Loader
 
@@ -45,6 +45,7 @@ __all__ = [
     "NodeNotFoundError",
     "UnsupportedError",
     "ZarrError",
+    "build_info",
     "create",
     "cuda_status",
     "create_group",

@@ -10,6 +10,7 @@
 #include <nanobind/stl/vector.h>
 
 #include "zfeed/codec/sharding.h"
+#include "zfeed/ingest/source.h"
 #include "zfeed/store/store.h"
 #include "zfeed/util/error.h"
 #include "zfeed/zarr/array.h"
@@ -206,6 +207,28 @@ NB_MODULE(_core, m) {
 
   m.def("open_node", &zfeed::zarr::open_node, "store"_a, "path"_a = "");
   m.def("registered_codecs", &zfeed::registered_codecs);
+  // What this build holds: the optional input formats (with the reason where one is absent), and
+  // whether CUDA and nvCOMP were compiled in (cuda_status() says whether a GPU is usable here).
+  m.def("build_info", [] {
+    nb::dict out;
+    const auto netcdf = zfeed::ingest::netcdf_support();
+    const auto grib = zfeed::ingest::grib_support();
+    out["netcdf"] = netcdf.available;
+    out["netcdf_reason"] = netcdf.reason;
+    out["grib"] = grib.available;
+    out["grib_reason"] = grib.reason;
+#ifdef ZFEED_HAVE_CUDA
+    out["cuda"] = true;
+#else
+    out["cuda"] = false;
+#endif
+#ifdef ZFEED_HAVE_NVCOMP
+    out["nvcomp"] = true;
+#else
+    out["nvcomp"] = false;
+#endif
+    return out;
+  });
 
   bind_loader(m);
   bind_cuda(m);

@@ -56,6 +56,7 @@ std::map<std::string, std::string> tree(const std::string& root) {
 }
 
 TEST(Convert, NetcdfToZarrV3) {
+  ZFEED_REQUIRE_NETCDF();
   TempDir dir;
   zfeed::testing::write_test_netcdf(dir / "in.nc", 4);
   ConvertOptions options;
@@ -94,6 +95,7 @@ TEST(Convert, NetcdfToZarrV3) {
 }
 
 TEST(Convert, RefusesToOverwriteWithoutTheFlag) {
+  ZFEED_REQUIRE_NETCDF();
   TempDir dir;
   zfeed::testing::write_test_netcdf(dir / "in.nc", 2);
   ConvertOptions options;
@@ -114,6 +116,7 @@ TEST(Convert, RefusesToOverwriteWithoutTheFlag) {
 }
 
 TEST(Convert, ResumesAfterAnInterruptionAndEndsIdentical) {
+  ZFEED_REQUIRE_NETCDF();
   TempDir dir;
   zfeed::testing::write_test_netcdf(dir / "in.nc", 6);
   ConvertOptions options;
@@ -149,6 +152,7 @@ TEST(Convert, ResumesAfterAnInterruptionAndEndsIdentical) {
 }
 
 TEST(Convert, JoinsInputsAlongTime) {
+  ZFEED_REQUIRE_NETCDF();
   TempDir dir;
   zfeed::testing::write_test_netcdf(dir / "a.nc", 3, 0);
   zfeed::testing::write_test_netcdf(dir / "b.nc", 2, 18, true);  // netCDF-4, time 18, 24
@@ -167,6 +171,7 @@ TEST(Convert, JoinsInputsAlongTime) {
 }
 
 TEST(Convert, BadInputsAreClearErrors) {
+  ZFEED_REQUIRE_NETCDF();
   TempDir dir;
   zfeed::testing::write_test_netcdf(dir / "a.nc", 2, 0);
   zfeed::testing::write_test_netcdf(dir / "b.nc", 2, 12, false, 50.0f);  // another grid
@@ -189,6 +194,7 @@ TEST(Convert, BadInputsAreClearErrors) {
 }
 
 TEST(Convert, RechunksZarrStores) {
+  ZFEED_REQUIRE_NETCDF();
   TempDir dir;
   zfeed::testing::write_test_netcdf(dir / "in.nc", 5);
   ConvertOptions options;

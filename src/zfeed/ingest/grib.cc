@@ -9,7 +9,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -41,8 +40,6 @@ constexpr uint64_t kMaxGridPoints = uint64_t{1} << 32;
 constexpr long kMaxGaussianN = 1 << 15;
 // More steps (in the message's own unit) than any forecast or climate run has.
 constexpr long kMaxStep = 100'000'000;
-// How far into a file "GRIB" may start (bulletin headers, padding).
-constexpr size_t kMagicSearchBytes = 4096;
 // The smallest whole message: GRIB 2's 16-byte indicator section and "7777" (GRIB 1 needs more).
 constexpr uint64_t kMinMessageBytes = 20;
 
@@ -458,18 +455,6 @@ uint64_t declared_length(int fd, uint64_t at) {
 }
 
 }  // namespace
-
-bool looks_like_grib(const std::string& path) {
-  std::ifstream file(path, std::ios::binary);
-  std::string head(kMagicSearchBytes, '\0');
-  file.read(head.data(), static_cast<std::streamsize>(head.size()));
-  head.resize(static_cast<size_t>(file.gcount()));
-  // "GRIB", three bytes (GRIB 1: the length; GRIB 2: reserved and discipline), the edition.
-  for (size_t at = head.find("GRIB"); at != std::string::npos; at = head.find("GRIB", at + 1)) {
-    if (at + 7 < head.size() && (head[at + 7] == 1 || head[at + 7] == 2)) return true;
-  }
-  return false;
-}
 
 GribSource::GribSource(const std::string& path) : path_(path) {
   fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);

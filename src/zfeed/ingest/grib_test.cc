@@ -1,6 +1,8 @@
 #include "zfeed/ingest/grib.h"
 
+#if ZFEED_HAVE_GRIB
 #include <eccodes.h>
+#endif
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -20,6 +22,32 @@ namespace {
 using zfeed::testing::error_of;
 using zfeed::testing::TempDir;
 
+// In every build a GRIB file is recognized by its signature; where zfeed was built without
+// ecCodes, opening or converting one is an UnsupportedError that says so and why.
+TEST(GribSource, AGribFileIsRecognizedAndRefusedClearlyWithoutEccodes) {
+  TempDir dir;
+  // A bulletin header, then "GRIB", a GRIB 1 length (28 bytes) and edition 1; nothing more.
+  std::ofstream(dir / "header-only.grib", std::ios::binary)
+      << std::string("\n\nGRIB\0\0\x1c\x01", 10);
+  EXPECT_TRUE(looks_like_grib(dir / "header-only.grib"));
+  if (grib_support().available) {
+    EXPECT_TRUE(grib_support().reason.empty());
+    EXPECT_CONTAINS(error_of([&] { open_source(dir / "header-only.grib"); }), "header-only.grib");
+    return;
+  }
+  EXPECT_CONTAINS(grib_support().reason, "GRIB support was not built");
+  std::string message = error_of<UnsupportedError>([&] { open_source(dir / "header-only.grib"); });
+  EXPECT_CONTAINS(message, "header-only.grib: a GRIB file, but GRIB support was not built (");
+  ConvertOptions options;
+  options.inputs = {dir / "header-only.grib"};
+  options.output = dir / "out.zarr";
+  message = error_of<UnsupportedError>([&] { convert(options); });
+  EXPECT_CONTAINS(message, "GRIB support was not built");
+}
+
+#if !ZFEED_HAVE_GRIB
+TEST(GribSource, ReadsGribFiles) { GTEST_SKIP() << grib_support().reason; }
+#else
 std::string read_file(const std::string& path) {
   std::ifstream file(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(file), {});
@@ -463,6 +491,7 @@ TEST(GribSource, ConvertJoinsGribFilesAndRefusesMismatchedGrids) {
   EXPECT_CONTAINS(message, "latitude");
   EXPECT_FALSE(std::filesystem::exists(dir / "mismatched.zarr"));
 }
+#endif  // ZFEED_HAVE_GRIB
 
 }  // namespace
 }  // namespace zfeed::ingest

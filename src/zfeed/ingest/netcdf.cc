@@ -3,7 +3,6 @@
 #include <netcdf.h>
 
 #include <cstring>
-#include <fstream>
 #include <mutex>
 
 #include "zfeed/util/error.h"
@@ -144,15 +143,6 @@ std::string format_name(int format) {
 }
 
 }  // namespace
-
-bool looks_like_netcdf(const std::string& path) {
-  std::ifstream file(path, std::ios::binary);
-  char magic[8] = {};
-  if (!file.read(magic, sizeof magic)) return false;
-  if (std::memcmp(magic, "CDF", 3) == 0 && (magic[3] == 1 || magic[3] == 2 || magic[3] == 5))
-    return true;
-  return std::memcmp(magic, "\x89HDF\r\n\x1a\n", 8) == 0;
-}
 
 NetcdfSource::NetcdfSource(const std::string& path) : path_(path) {
   std::lock_guard lock(netcdf_mutex());

@@ -1,14 +1,35 @@
-// Test-only: writes small netCDF files with libnetcdf for the ingest tests.
+// Test-only: writes small netCDF files with libnetcdf for the ingest tests. Where zfeed is built
+// without netCDF (ZFEED_HAVE_NETCDF 0), a test that needs such files starts with
+// ZFEED_REQUIRE_NETCDF(), which skips it saying why.
 #pragma once
 
+#include <gtest/gtest.h>
+#if ZFEED_HAVE_NETCDF
 #include <netcdf.h>
+#endif
 
 #include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "zfeed/ingest/source.h"
+
+// Skips the test where this build reads no netCDF files (nor can write them).
+#define ZFEED_REQUIRE_NETCDF()                                \
+  if (!::zfeed::ingest::netcdf_support().available) {         \
+    GTEST_SKIP() << ::zfeed::ingest::netcdf_support().reason; \
+  }                                                           \
+  static_assert(true)
+
 namespace zfeed::testing {
+
+#if !ZFEED_HAVE_NETCDF
+inline void write_test_netcdf(const std::string& path, size_t, int = 0, bool = false,
+                              float = 10.0f) {
+  throw std::logic_error(path + ": write_test_netcdf needs libnetcdf (ZFEED_REQUIRE_NETCDF skips)");
+}
+#else
 
 inline void nc_check(int status) {
   if (status != NC_NOERR) throw std::runtime_error(nc_strerror(status));
@@ -85,5 +106,6 @@ inline void write_test_netcdf(const std::string& path, size_t nt, int t0 = 0, bo
   }
   nc_check(nc_close(ncid));
 }
+#endif  // ZFEED_HAVE_NETCDF
 
 }  // namespace zfeed::testing

@@ -1,6 +1,8 @@
 #include "zfeed/ingest/source.h"
 
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 
 #include "zfeed/ingest/grib.h"
 #include "zfeed/ingest/netcdf.h"
@@ -17,11 +19,72 @@ const Variable* Source::find(std::string_view name) const {
   return nullptr;
 }
 
+// The magic-byte checks live here, not beside the readers, so that they exist in every build:
+// a netCDF or GRIB file is recognized (and refused by name) also where its reader was not built.
+bool looks_like_netcdf(const std::string& path) {
+  std::ifstream file(path, std::ios::binary);
+  char magic[8] = {};
+  if (!file.read(magic, sizeof magic)) return false;
+  if (std::memcmp(magic, "CDF", 3) == 0 && (magic[3] == 1 || magic[3] == 2 || magic[3] == 5))
+    return true;
+  return std::memcmp(magic, "\x89HDF\r\n\x1a\n", 8) == 0;
+}
+
+bool looks_like_grib(const std::string& path) {
+  // How far into a file "GRIB" may start (bulletin headers, padding).
+  constexpr size_t kMagicSearchBytes = 4096;
+  std::ifstream file(path, std::ios::binary);
+  std::string head(kMagicSearchBytes, '\0');
+  file.read(head.data(), static_cast<std::streamsize>(head.size()));
+  head.resize(static_cast<size_t>(file.gcount()));
+  // "GRIB", three bytes (GRIB 1: the length; GRIB 2: reserved and discipline), the edition.
+  for (size_t at = head.find("GRIB"); at != std::string::npos; at = head.find("GRIB", at + 1)) {
+    if (at + 7 < head.size() && (head[at + 7] == 1 || head[at + 7] == 2)) return true;
+  }
+  return false;
+}
+
+// CMake defines ZFEED_HAVE_NETCDF and ZFEED_HAVE_GRIB (1 or 0) and, for an absent format, why.
+#ifndef ZFEED_NETCDF_ABSENT
+#define ZFEED_NETCDF_ABSENT "libnetcdf was not found when zfeed was built"
+#endif
+#ifndef ZFEED_GRIB_ABSENT
+#define ZFEED_GRIB_ABSENT "ecCodes was not found when zfeed was built"
+#endif
+
+FormatSupport netcdf_support() {
+#if ZFEED_HAVE_NETCDF
+  return {true, ""};
+#else
+  return {false, "netCDF support was not built (" ZFEED_NETCDF_ABSENT ")"};
+#endif
+}
+
+FormatSupport grib_support() {
+#if ZFEED_HAVE_GRIB
+  return {true, ""};
+#else
+  return {false, "GRIB support was not built (" ZFEED_GRIB_ABSENT ")"};
+#endif
+}
+
 std::unique_ptr<Source> open_source(const std::string& path) {
   std::error_code ec;
   if (std::filesystem::is_regular_file(path, ec)) {
-    if (looks_like_netcdf(path)) return std::make_unique<NetcdfSource>(path);
-    if (looks_like_grib(path)) return std::make_unique<GribSource>(path);
+    if (looks_like_netcdf(path)) {
+#if ZFEED_HAVE_NETCDF
+      return std::make_unique<NetcdfSource>(path);
+#else
+      throw UnsupportedError(path + ": a netCDF file, but " + netcdf_support().reason);
+#endif
+    }
+    if (looks_like_grib(path)) {
+#if ZFEED_HAVE_GRIB
+      return std::make_unique<GribSource>(path);
+#else
+      throw UnsupportedError(path + ": a GRIB file, but " + grib_support().reason);
+#endif
+    }
     throw Error(path +
                 ": not a netCDF or GRIB file (no netCDF-3, HDF5 or GRIB signature) and not a Zarr "
                 "store");

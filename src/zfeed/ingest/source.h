@@ -50,7 +50,18 @@ class Source {
 
 // Opens a netCDF-3/4 file or a GRIB 1/2 file (each recognized by its magic bytes; "GRIB" may
 // follow a few bytes of padding) or a Zarr v2/v3 store (a directory or URL). Other formats are
-// refused with a clear error.
+// refused with a clear error, and so is a netCDF or GRIB file where this build reads no such files
+// (zfeed::UnsupportedError saying why: see netcdf_support and grib_support).
 std::unique_ptr<Source> open_source(const std::string& path);
+
+// Whether this build of zfeed reads an optional input format (netCDF needs libnetcdf, GRIB needs
+// ecCodes, each found when zfeed was built), and if not, why: "netCDF support was not built
+// (libnetcdf was not found when zfeed was built)". For messages, tests and zfeed._core.build_info.
+struct FormatSupport {
+  bool available = false;
+  std::string reason;  // empty where available
+};
+FormatSupport netcdf_support();
+FormatSupport grib_support();
 
 }  // namespace zfeed::ingest

@@ -1,0 +1,744 @@
+#include "zfeed/cuda/gpu_decode.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "zfeed/cuda/device.h"
+#include "zfeed/util/error.h"
+
+#if ZFEED_HAVE_NVCOMP
+#include <nvcomp.h>
+#include <nvcomp/deflate.h>
+#include <nvcomp/gzip.h>
+#include <nvcomp/lz4.h>
+#include <nvcomp/zstd.h>
+
+#include "zfeed/cuda/check.h"
+#include "zfeed/cuda/copy_stream.h"
+#endif
+
+namespace zfeed::cuda {
+
+const char* gpu_codec_name(GpuCodec codec) {
+  switch (codec) {
+    case GpuCodec::kZstd:
+      return "zstd";
+    case GpuCodec::kLz4:
+      return "lz4";
+    case GpuCodec::kLz4Block:
+      return "lz4 block";
+    case GpuCodec::kGzip:
+      return "gzip";
+    case GpuCodec::kZlib:
+      return "zlib";
+    case GpuCodec::kDeflate:
+      return "deflate";
+  }
+  return "unknown";
+}
+
+bool built_with_nvcomp() {
+#if ZFEED_HAVE_NVCOMP
+  return true;
+#else
+  return false;
+#endif
+}
+
+bool gpu_decode_supported(GpuCodec codec) {
+  return built_with_nvcomp() && static_cast<int>(codec) < kGpuCodecCount;
+}
+
+namespace {
+
+constexpr const char* kNoNvcomp =
+    "zfeed was built without nvCOMP (pip install nvidia-libnvcomp-cu13 into .venv, or set "
+    "ZFEED_NVCOMP_ROOT, and rebuild)";
+
+uint32_t load_le32(const uint8_t* p) {
+  return uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24;
+}
+
+uint64_t load_le(const uint8_t* p, size_t bytes) {
+  uint64_t value = 0;
+  for (size_t i = 0; i < bytes; ++i) value |= uint64_t{p[i]} << (8 * i);
+  return value;
+}
+
+std::string hex32(uint32_t value) {
+  char text[16];
+  std::snprintf(text, sizeof text, "0x%08x", value);
+  return text;
+}
+
+// The zstd frame format (RFC 8878 section 3.1.1): magic, frame header, blocks, optional checksum.
+// Walks every block header, so a truncated or overlong frame is caught before the GPU sees it.
+std::string check_zstd(const uint8_t* data, size_t size, size_t decoded_size) {
+  if (size < 4) return std::to_string(size) + " bytes is too short for a zstd frame";
+  const uint32_t magic = load_le32(data);
+  if ((magic & 0xFFFFFFF0u) == 0x184D2A50u)
+    return "starts with a skippable frame (not decoded on the GPU)";
+  if (magic != 0xFD2FB528u) return "not a zstd frame (magic " + hex32(magic) + ")";
+  size_t pos = 4;
+  auto truncated = [&](size_t needed) {
+    return "frame truncated at byte " + std::to_string(size) + " of at least " +
+           std::to_string(needed);
+  };
+  if (pos + 1 > size) return truncated(pos + 1);
+  const uint8_t descriptor = data[pos++];
+  const unsigned fcs_flag = descriptor >> 6, did_flag = descriptor & 3u;
+  const bool single_segment = (descriptor >> 5) & 1u, checksum = (descriptor >> 2) & 1u;
+  if ((descriptor >> 3) & 1u) return "reserved bit set in the frame header";
+  const size_t did_size = did_flag == 3 ? 4 : did_flag;
+  const size_t fcs_size = fcs_flag == 0 ? (single_segment ? 1 : 0) : size_t{1} << fcs_flag;
+  const size_t header_end = pos + (single_segment ? 0 : 1) + did_size + fcs_size;
+  if (header_end > size) return truncated(header_end);
+  if (!single_segment) ++pos;  // window descriptor
+  if (const uint64_t dictionary = load_le(data + pos, did_size); dictionary != 0)
+    return "frame needs dictionary " + std::to_string(dictionary) + " (not supported)";
+  pos += did_size;
+  if (fcs_size) {
+    uint64_t content = load_le(data + pos, fcs_size);
+    if (fcs_size == 2) content += 256;
+    if (content != decoded_size)
+      return "frame says " + std::to_string(content) + " bytes, expected " +
+             std::to_string(decoded_size);
+  }
+  pos += fcs_size;
+  uint64_t regenerated = 0;  // by raw and RLE blocks, which say their size
+  for (;;) {
+    if (pos + 3 > size) return truncated(pos + 3);
+    const uint32_t header =
+        uint32_t{data[pos]} | uint32_t{data[pos + 1]} << 8 | uint32_t{data[pos + 2]} << 16;
+    const size_t block_start = pos;
+    pos += 3;
+    const unsigned type = (header >> 1) & 3u;
+    const size_t block_size = header >> 3;
+    if (type == 3) return "reserved block type at byte " + std::to_string(block_start);
+    if (block_size > (size_t{128} << 10))
+      return "block of " + std::to_string(block_size) + " bytes at byte " +
+             std::to_string(block_start) + " is larger than 128 KiB";
+    const size_t content = type == 1 ? 1 : block_size;
+    if (pos + content > size) return truncated(pos + content);
+    pos += content;
+    if (type != 2) regenerated += block_size;
+    if (regenerated > decoded_size)
+      return "frame holds more than " + std::to_string(decoded_size) + " bytes (block at byte " +
+             std::to_string(block_start) + ")";
+    if (header & 1u) break;  // the last block
+  }
+  if (checksum) {
+    if (pos + 4 > size) return truncated(pos + 4);
+    pos += 4;
+  }
+  if (pos != size)
+    return std::to_string(size - pos) + " bytes after the frame, which ends at byte " +
+           std::to_string(pos) + " (several frames are not decoded on the GPU)";
+  return "";
+}
+
+std::string check_gzip(const uint8_t* data, size_t size, size_t decoded_size) {
+  if (size < 18) return std::to_string(size) + " bytes is too short for a gzip stream";
+  if (data[0] != 0x1f || data[1] != 0x8b)
+    return "not a gzip stream (starts with " + hex32(load_le32(data)) + ")";
+  if (data[2] != 8) return "compression method " + std::to_string(data[2]) + " is not deflate";
+  const uint8_t flags = data[3];
+  if (flags & 0xE0u) return "reserved flag bits set in the gzip header";
+  size_t pos = 10;
+  const size_t trailer = size - 8;
+  auto past_header = [&] { return "gzip header runs past the end of the stream"; };
+  if (flags & 4u) {  // FEXTRA
+    if (pos + 2 > trailer) return past_header();
+    pos += 2 + (size_t{data[pos]} | size_t{data[pos + 1]} << 8);
+  }
+  for (uint8_t flag : {uint8_t{8}, uint8_t{16}}) {  // FNAME, FCOMMENT: zero-terminated
+    if (!(flags & flag)) continue;
+    while (pos < trailer && data[pos] != 0) ++pos;
+    ++pos;
+  }
+  if (flags & 2u) pos += 2;  // FHCRC
+  if (pos >= trailer) return past_header();
+  const uint32_t isize = load_le32(data + size - 4);
+  if (isize != static_cast<uint32_t>(decoded_size))
+    return "trailer says " + std::to_string(isize) + " bytes (modulo 2^32), expected " +
+           std::to_string(decoded_size);
+  return "";
+}
+
+std::string check_zlib(const uint8_t* data, size_t size) {
+  if (size < 7) return std::to_string(size) + " bytes is too short for a zlib stream";
+  const unsigned cmf = data[0], flg = data[1];
+  if ((cmf & 0x0Fu) != 8)
+    return "compression method " + std::to_string(cmf & 0x0Fu) +
+           " is not deflate (not a zlib stream)";
+  if ((cmf >> 4) > 7) return "window size field " + std::to_string(cmf >> 4) + " is invalid";
+  if (((cmf << 8) | flg) % 31 != 0) return "header check bits are wrong (not a zlib stream)";
+  if (flg & 0x20u) return "stream needs a preset dictionary (not supported)";
+  return "";
+}
+
+}  // namespace
+
+GpuPayload gpu_payload(GpuCodec codec, const uint8_t* data, size_t size, size_t decoded_size) {
+  GpuPayload payload{0, size, ""};
+  if (size > 0 && data == nullptr) {
+    payload.error = "no source bytes (null pointer)";
+    return payload;
+  }
+  switch (codec) {
+    case GpuCodec::kZstd:
+      payload.error = check_zstd(data, size, decoded_size);
+      if (payload.error.empty() && decoded_size > (size_t{1} << 31) - 1)
+        payload.error = "chunk of " + std::to_string(decoded_size) +
+                        " bytes is over nvCOMP's zstd limit of 2^31 - 1 bytes";
+      break;
+    case GpuCodec::kLz4:
+      if (size < 4) {
+        payload.error = std::to_string(size) + " bytes is too short for the LZ4 size header";
+      } else if (load_le32(data) != decoded_size) {
+        payload.error = "header says " + std::to_string(load_le32(data)) + " bytes, expected " +
+                        std::to_string(decoded_size);
+      } else if (size == 4 && decoded_size > 0) {
+        payload.error = "empty LZ4 block";
+      }
+      payload.offset = 4;
+      payload.size = size >= 4 ? size - 4 : 0;
+      break;
+    case GpuCodec::kLz4Block:
+    case GpuCodec::kDeflate:
+      if (size == 0 && decoded_size > 0) payload.error = "empty stream";
+      break;
+    case GpuCodec::kGzip:
+      payload.error = check_gzip(data, size, decoded_size);
+      break;
+    case GpuCodec::kZlib:
+      payload.error = check_zlib(data, size);
+      payload.offset = 2;
+      payload.size = size >= 6 ? size - 6 : 0;
+      break;
+  }
+  if (payload.error.empty() && codec != GpuCodec::kZstd && decoded_size > 0xFFFFFFFFu)
+    payload.error = "chunk of " + std::to_string(decoded_size) +
+                    " bytes is over nvCOMP's limit of 2^32 - 1 bytes";
+  return payload;
+}
+
+namespace {
+
+std::string item_error(const GpuDecodeItem& item, const std::string& what) {
+  return std::string(item.key) + ": GPU " + gpu_codec_name(item.codec) + " decode failed: " + what;
+}
+
+}  // namespace
+
+std::string gpu_decode_unavailable_reason() {
+  if (!built_with_nvcomp()) return kNoNvcomp;
+  return cuda_status().reason;
+}
+
+#if !ZFEED_HAVE_NVCOMP
+
+std::string nvcomp_version() { return ""; }
+
+struct GpuDecoder::Impl {
+  GpuDecoderStats stats;
+};
+
+GpuDecoder::GpuDecoder(GpuDecoderOptions) : impl_(std::make_unique<Impl>()) {}
+GpuDecoder::~GpuDecoder() = default;
+
+void GpuDecoder::decode(std::span<const GpuDecodeItem> items, cudaStream_t stream) {
+  enqueue(items, stream);
+}
+
+void GpuDecoder::enqueue(std::span<const GpuDecodeItem> items, cudaStream_t) {
+  for (const GpuDecodeItem& item : items) {
+    if (item.decoded_size > 0)
+      throw UnsupportedError(std::string("GPU decoding is unavailable: ") + kNoNvcomp);
+  }
+}
+
+void GpuDecoder::finish() {}
+bool GpuDecoder::pending() const { return false; }
+void GpuDecoder::relaunch(cudaStream_t) {
+  throw UnsupportedError(std::string("GPU decoding is unavailable: ") + kNoNvcomp);
+}
+GpuDecoderStats GpuDecoder::stats() const { return impl_->stats; }
+
+#else  // ZFEED_HAVE_NVCOMP
+
+std::string nvcomp_version() {
+  nvcompProperties_t properties{};
+  if (nvcompGetProperties(&properties) != nvcompSuccess) return "unknown";
+  const uint32_t v = properties.version;  // major * 1000 + minor * 100 + patch
+  return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 100) + "." +
+         std::to_string(v % 100);
+}
+
+namespace {
+
+constexpr size_t kPayloadAlignment = 16;  // every codec's input alignment is at most 8
+constexpr size_t kBounceAlignment = 256;
+constexpr size_t kParallelCopyBytes = size_t{32} << 20;
+
+size_t round_up(size_t value, size_t alignment) {
+  return (value + alignment - 1) / alignment * alignment;
+}
+
+std::string status_text(nvcompStatus_t status) {
+  const char* text = nvcompGetStatusString(status);
+  return "nvcomp status " + std::to_string(static_cast<int>(status)) +
+         (text && *text ? std::string(" (") + text + ")" : std::string());
+}
+
+nvcompDecompressBackend_t backend_of(NvcompBackend backend) {
+  switch (backend) {
+    case NvcompBackend::kCuda:
+      return NVCOMP_DECOMPRESS_BACKEND_CUDA;
+    case NvcompBackend::kHardware:
+      return NVCOMP_DECOMPRESS_BACKEND_HARDWARE;
+    case NvcompBackend::kDefault:
+      break;
+  }
+  return NVCOMP_DECOMPRESS_BACKEND_DEFAULT;
+}
+
+// The nvCOMP family that decodes a codec's payload.
+enum class Family : uint8_t { kZstd, kLz4, kGzip, kDeflate };
+constexpr int kFamilies = 4;
+
+Family family_of(GpuCodec codec) {
+  switch (codec) {
+    case GpuCodec::kZstd:
+      return Family::kZstd;
+    case GpuCodec::kLz4:
+    case GpuCodec::kLz4Block:
+      return Family::kLz4;
+    case GpuCodec::kGzip:
+      return Family::kGzip;
+    case GpuCodec::kZlib:
+    case GpuCodec::kDeflate:
+      break;
+  }
+  return Family::kDeflate;
+}
+
+const char* family_name(Family family) {
+  constexpr const char* kNames[] = {"zstd", "lz4", "gzip", "deflate"};
+  return kNames[static_cast<int>(family)];
+}
+
+// The options of each family's decompressor.
+struct FamilyOptions {
+  nvcompBatchedZstdDecompressOpts_t zstd = nvcompBatchedZstdDecompressDefaultOpts;
+  nvcompBatchedLZ4DecompressOpts_t lz4 = nvcompBatchedLZ4DecompressDefaultOpts;
+  nvcompBatchedGzipDecompressOpts_t gzip = nvcompBatchedGzipDecompressDefaultOpts;
+  nvcompBatchedDeflateDecompressOpts_t deflate = nvcompBatchedDeflateDecompressDefaultOpts;
+
+  explicit FamilyOptions(NvcompBackend backend) {
+    // nvCOMP's defaults otherwise (gzip: the naive algorithm; its lookahead one, advised for
+    // large chunks, is a candidate once measured on a GPU).
+    zstd.backend = lz4.backend = gzip.backend = deflate.backend = backend_of(backend);
+  }
+
+  nvcompAlignmentRequirements_t alignments(Family family) const {
+    nvcompAlignmentRequirements_t req{1, 1, 1};
+    nvcompStatus_t status = nvcompSuccess;
+    switch (family) {
+      case Family::kZstd:
+        status = nvcompBatchedZstdDecompressGetRequiredAlignments(zstd, &req);
+        break;
+      case Family::kLz4:
+        status = nvcompBatchedLZ4DecompressGetRequiredAlignments(lz4, &req);
+        break;
+      case Family::kGzip:
+        status = nvcompBatchedGzipDecompressGetRequiredAlignments(gzip, &req);
+        break;
+      case Family::kDeflate:
+        status = nvcompBatchedDeflateDecompressGetRequiredAlignments(deflate, &req);
+        break;
+    }
+    if (status != nvcompSuccess)
+      throw Error(std::string("nvcomp: cannot query the ") + family_name(family) +
+                  " decompressor's alignments: " + status_text(status));
+    return req;
+  }
+
+  size_t temp_bytes(Family family, size_t count, size_t max_chunk, size_t total,
+                    cudaStream_t stream) const {
+    size_t bytes = 0;
+    nvcompStatus_t status = nvcompSuccess;
+    switch (family) {
+      case Family::kZstd:
+        status =
+            nvcompBatchedZstdDecompressGetTempSize(count, max_chunk, zstd, &bytes, total, stream);
+        break;
+      case Family::kLz4:
+        status =
+            nvcompBatchedLZ4DecompressGetTempSize(count, max_chunk, lz4, &bytes, total, stream);
+        break;
+      case Family::kGzip:
+        status =
+            nvcompBatchedGzipDecompressGetTempSize(count, max_chunk, gzip, &bytes, total, stream);
+        break;
+      case Family::kDeflate:
+        status = nvcompBatchedDeflateDecompressGetTempSize(count, max_chunk, deflate, &bytes, total,
+                                                           stream);
+        break;
+    }
+    if (status != nvcompSuccess)
+      throw Error(std::string("nvcomp: cannot size the ") + family_name(family) +
+                  " decompressor's temporary memory for " + std::to_string(count) +
+                  " chunks: " + status_text(status));
+    return bytes;
+  }
+};
+
+// A batch's arrays, the same layout in pinned staging and on the device: six arrays of n entries
+// (8 bytes each; statuses take 4 of them), then the payloads.
+struct Layout {
+  size_t n = 0;
+  size_t in_ptrs() const { return 0; }
+  size_t in_sizes() const { return 8 * n; }
+  size_t out_ptrs() const { return 16 * n; }
+  size_t out_capacity() const { return 24 * n; }
+  size_t out_actual() const { return 32 * n; }  // read back with the statuses
+  size_t statuses() const { return 40 * n; }
+  size_t results_bytes() const { return 16 * n; }
+  size_t payloads() const { return round_up(48 * n, 256); }
+};
+
+struct Group {
+  Family family;
+  size_t first = 0, count = 0;  // into the sorted arrays
+  size_t max_chunk = 0, total = 0;
+};
+
+struct Bounce {
+  size_t position;  // in the sorted arrays
+  void* dst;
+  size_t offset;  // into the bounce buffer
+  size_t size;
+};
+
+}  // namespace
+
+struct GpuDecoder::Impl {
+  GpuDecoderOptions options;
+  FamilyOptions family_options;
+  std::unique_ptr<PinnedPool> own_pool;
+  PinnedPool* pool = nullptr;
+  PinnedPool::Buffer staging;
+  DeviceBuffer device, temp, bounce;
+  bool have_alignments = false;
+  nvcompAlignmentRequirements_t alignments[kFamilies]{};
+  GpuDecoderStats stats;
+
+  // The last batch enqueued.
+  Layout layout;
+  std::vector<Group> groups;
+  std::vector<Bounce> bounces;
+  size_t temp_bytes = 0;
+  std::vector<size_t> order;  // sorted position -> the batch's item index
+  struct Record {
+    GpuCodec codec;
+    size_t decoded_size;
+    std::string key;
+  };
+  std::vector<Record> records;  // by sorted position
+  bool pending = false;
+  bool launched = false;  // a batch is on the device (relaunch() may run it again)
+  cudaStream_t stream = nullptr;
+
+  explicit Impl(GpuDecoderOptions o) : options(o), family_options(o.backend) {
+    if (options.pool) {
+      pool = options.pool;
+    } else {
+      own_pool = std::make_unique<PinnedPool>(options.max_staging_bytes);
+      pool = own_pool.get();
+    }
+  }
+
+  void grow(DeviceBuffer& buffer, size_t bytes) {
+    if (buffer.size() >= bytes) return;
+    const size_t size = round_up(std::max(bytes, buffer.size() + buffer.size() / 2), 1 << 20);
+    stats.device_bytes -= buffer.size();
+    buffer = DeviceBuffer();  // free first: the old and new need not fit together
+    buffer = DeviceBuffer(size);
+    stats.device_bytes += size;
+    ++stats.device_allocations;
+  }
+
+  void grow_staging(size_t bytes) {
+    if (staging.data() && staging.size() >= bytes) return;
+    const size_t size =
+        round_up(std::max(bytes, staging.size() + staging.size() / 2), size_t{1} << 20);
+    staging.reset();
+    if (own_pool) own_pool->trim();
+    staging = pool->acquire(size <= pool->max_bytes() ? size : bytes);
+  }
+
+  void launch(cudaStream_t s) {
+    uint8_t* base = device.data();
+    auto ptrs = [&](size_t offset, const Group& g) {
+      return reinterpret_cast<void**>(base + offset) + g.first;
+    };
+    auto sizes = [&](size_t offset, const Group& g) {
+      return reinterpret_cast<size_t*>(base + offset) + g.first;
+    };
+    for (const Group& g : groups) {
+      const void* const* in = ptrs(layout.in_ptrs(), g);
+      const size_t* in_sizes = sizes(layout.in_sizes(), g);
+      const size_t* capacity = sizes(layout.out_capacity(), g);
+      size_t* actual = sizes(layout.out_actual(), g);
+      void* const* out = ptrs(layout.out_ptrs(), g);
+      nvcompStatus_t* statuses =
+          reinterpret_cast<nvcompStatus_t*>(base + layout.statuses()) + g.first;
+      const FamilyOptions& o = family_options;
+      nvcompStatus_t status = nvcompSuccess;
+      switch (g.family) {
+        case Family::kZstd:
+          status =
+              nvcompBatchedZstdDecompressAsync(in, in_sizes, capacity, actual, g.count, temp.data(),
+                                               temp_bytes, out, o.zstd, statuses, s);
+          break;
+        case Family::kLz4:
+          status =
+              nvcompBatchedLZ4DecompressAsync(in, in_sizes, capacity, actual, g.count, temp.data(),
+                                              temp_bytes, out, o.lz4, statuses, s);
+          break;
+        case Family::kGzip:
+          status =
+              nvcompBatchedGzipDecompressAsync(in, in_sizes, capacity, actual, g.count, temp.data(),
+                                               temp_bytes, out, o.gzip, statuses, s);
+          break;
+        case Family::kDeflate:
+          status = nvcompBatchedDeflateDecompressAsync(in, in_sizes, capacity, actual, g.count,
+                                                       temp.data(), temp_bytes, out, o.deflate,
+                                                       statuses, s);
+          break;
+      }
+      if (status != nvcompSuccess) {
+        cudaStreamSynchronize(s);  // the staging buffer may still be read by the copy
+        pending = launched = false;
+        throw Error(std::string("GPU ") + family_name(g.family) + " decode of " +
+                    std::to_string(g.count) + " chunks (first " + records[g.first].key +
+                    ") failed to launch: " + status_text(status));
+      }
+      ++stats.launches;
+    }
+    for (const Bounce& b : bounces)
+      check(cudaMemcpyAsync(b.dst, bounce.data() + b.offset, b.size, cudaMemcpyDeviceToDevice, s),
+            "cudaMemcpyAsync (GPU decode scratch to destination)");
+  }
+
+  // Copies each item's payload to its place in staging; with several threads for large batches.
+  void copy_payloads(std::span<const GpuDecodeItem> items, const std::vector<size_t>& offsets,
+                     const std::vector<GpuPayload>& payloads, size_t total) {
+    uint8_t* dst = staging.data();
+    unsigned threads = options.copy_threads
+                           ? options.copy_threads
+                           : std::min(8u, std::max(1u, std::thread::hardware_concurrency()));
+    if (total < kParallelCopyBytes) threads = 1;
+    // Thread t copies the bytes [t * total / threads, (t + 1) * total / threads) of the payloads
+    // laid end to end (item by item, in `order`).
+    auto work = [&](unsigned t) {
+      const size_t begin = total * t / threads, end = total * (t + 1) / threads;
+      size_t at = 0;
+      for (size_t pos = 0; pos < order.size() && at < end; ++pos) {
+        const GpuPayload& p = payloads[order[pos]];
+        const size_t lo = std::max(at, begin), hi = std::min(at + p.size, end);
+        if (lo < hi)
+          std::memcpy(dst + offsets[pos] + (lo - at), items[order[pos]].src + p.offset + (lo - at),
+                      hi - lo);
+        at += p.size;
+      }
+    };
+    if (threads == 1) return work(0);
+    std::vector<std::thread> pool_threads;
+    for (unsigned t = 1; t < threads; ++t) pool_threads.emplace_back(work, t);
+    work(0);
+    for (std::thread& thread : pool_threads) thread.join();
+  }
+
+  void enqueue(std::span<const GpuDecodeItem> items, cudaStream_t s) {
+    if (pending) throw Error("GpuDecoder: enqueue() before finish() of the previous batch");
+    // Check every chunk on the host first: nothing reaches the GPU from a bad batch.
+    std::vector<GpuPayload> payloads(items.size());
+    std::vector<size_t> todo;
+    for (size_t i = 0; i < items.size(); ++i) {
+      const GpuDecodeItem& item = items[i];
+      if (item.decoded_size == 0) continue;
+      if (item.dst == nullptr) throw Error(item_error(item, "no destination (null pointer)"));
+      payloads[i] = gpu_payload(item.codec, item.src, item.src_size, item.decoded_size);
+      if (!payloads[i].error.empty()) throw Error(item_error(item, payloads[i].error));
+      todo.push_back(i);
+    }
+    if (todo.empty()) return;
+    launched = false;  // the device holds the last batch no more
+    if (!have_alignments) {
+      for (int f = 0; f < kFamilies; ++f)
+        alignments[f] = family_options.alignments(static_cast<Family>(f));
+      have_alignments = true;
+    }
+
+    // Sort by family (stable: the batch's order within each), so each launch takes a contiguous
+    // range of the arrays.
+    std::stable_sort(todo.begin(), todo.end(), [&](size_t a, size_t b) {
+      return family_of(items[a].codec) < family_of(items[b].codec);
+    });
+    order = std::move(todo);
+    const size_t n = order.size();
+    layout.n = n;
+    groups.clear();
+    bounces.clear();
+    records.clear();
+    records.reserve(n);
+    std::vector<size_t> offsets(n);
+    size_t at = layout.payloads(), payload_bytes = 0, bounce_bytes = 0;
+    for (size_t pos = 0; pos < n; ++pos) {
+      const GpuDecodeItem& item = items[order[pos]];
+      const Family family = family_of(item.codec);
+      if (groups.empty() || groups.back().family != family) groups.push_back({family, pos});
+      Group& g = groups.back();
+      ++g.count;
+      g.max_chunk = std::max(g.max_chunk, item.decoded_size);
+      g.total += item.decoded_size;
+      const size_t input_alignment =
+          std::max(kPayloadAlignment, alignments[static_cast<int>(family)].input);
+      at = round_up(at, input_alignment);
+      offsets[pos] = at;
+      at += payloads[order[pos]].size;
+      payload_bytes += payloads[order[pos]].size;
+      const size_t output_alignment = alignments[static_cast<int>(family)].output;
+      if (reinterpret_cast<uintptr_t>(item.dst) % std::max<size_t>(output_alignment, 1) != 0) {
+        bounces.push_back({pos, item.dst, bounce_bytes, item.decoded_size});
+        bounce_bytes = round_up(bounce_bytes + item.decoded_size, kBounceAlignment);
+      }
+      records.push_back({item.codec, item.decoded_size, std::string(item.key)});
+    }
+    const size_t total = at;
+
+    temp_bytes = 0;
+    for (const Group& g : groups)
+      temp_bytes = std::max(temp_bytes,
+                            family_options.temp_bytes(g.family, g.count, g.max_chunk, g.total, s));
+    grow(device, total);
+    grow(temp, temp_bytes);
+    grow(bounce, bounce_bytes);
+    grow_staging(total);
+
+    // The arrays, with device addresses, then the payloads.
+    uint8_t* host = staging.data();
+    uint8_t* base = device.data();
+    auto host_ptrs = [&](size_t offset) { return reinterpret_cast<void**>(host + offset); };
+    auto host_sizes = [&](size_t offset) { return reinterpret_cast<size_t*>(host + offset); };
+    size_t bounce_index = 0;
+    for (size_t pos = 0; pos < n; ++pos) {
+      const GpuDecodeItem& item = items[order[pos]];
+      host_ptrs(layout.in_ptrs())[pos] = base + offsets[pos];
+      host_sizes(layout.in_sizes())[pos] = payloads[order[pos]].size;
+      void* out = item.dst;
+      if (bounce_index < bounces.size() && bounces[bounce_index].position == pos)
+        out = bounce.data() + bounces[bounce_index++].offset;
+      host_ptrs(layout.out_ptrs())[pos] = out;
+      host_sizes(layout.out_capacity())[pos] = item.decoded_size;
+      host_sizes(layout.out_actual())[pos] = 0;
+      reinterpret_cast<nvcompStatus_t*>(host + layout.statuses())[pos] = nvcompSuccess;
+    }
+    copy_payloads(items, offsets, payloads, payload_bytes);
+
+    check(cudaMemcpyAsync(base, host, total, cudaMemcpyHostToDevice, s),
+          "cudaMemcpyAsync (GPU decode input)");
+    launched = true;
+    launch(s);
+    check(cudaMemcpyAsync(host + layout.out_actual(), base + layout.out_actual(),
+                          layout.results_bytes(), cudaMemcpyDeviceToHost, s),
+          "cudaMemcpyAsync (GPU decode statuses)");
+    pending = true;
+    stream = s;
+    ++stats.batches;
+    stats.items += n;
+    stats.compressed_bytes += payload_bytes;
+    for (const Record& r : records) stats.decoded_bytes += r.decoded_size;
+    stats.bounced_items += bounces.size();
+  }
+
+  void finish() {
+    if (!pending) return;
+    pending = false;
+    if (const cudaError_t error = cudaStreamSynchronize(stream); error != cudaSuccess) {
+      launched = false;
+      throw Error("GPU decode of " + std::to_string(layout.n) + " chunks (" + records.front().key +
+                  (layout.n > 1 ? " ... " + records.back().key : std::string()) +
+                  "): cuda: cudaStreamSynchronize: " + cudaGetErrorName(error) + ": " +
+                  cudaGetErrorString(error));
+    }
+    const uint8_t* host = staging.data();
+    const size_t* actual = reinterpret_cast<const size_t*>(host + layout.out_actual());
+    const nvcompStatus_t* statuses =
+        reinterpret_cast<const nvcompStatus_t*>(host + layout.statuses());
+    // The first failure in the batch's order names the chunk; the count says how many more.
+    size_t first = layout.n, failures = 0;
+    std::string what;
+    for (size_t pos = 0; pos < layout.n; ++pos) {
+      const Record& r = records[pos];
+      std::string why;
+      if (statuses[pos] != nvcompSuccess) {
+        why = status_text(statuses[pos]);
+      } else if (actual[pos] != r.decoded_size) {
+        why = "decoded " + std::to_string(actual[pos]) + " bytes, expected " +
+              std::to_string(r.decoded_size);
+      }
+      if (why.empty()) continue;
+      ++failures;
+      if (first == layout.n || order[pos] < order[first]) {
+        first = pos;
+        what = std::move(why);
+      }
+    }
+    if (failures == 0) return;
+    const Record& r = records[first];
+    std::string message = r.key + ": GPU " + gpu_codec_name(r.codec) + " decode failed: " + what;
+    if (failures > 1)
+      message += " (and " + std::to_string(failures - 1) + " more chunks of the batch failed)";
+    throw Error(message);
+  }
+};
+
+GpuDecoder::GpuDecoder(GpuDecoderOptions options)
+    : impl_(std::make_unique<Impl>(std::move(options))) {}
+
+GpuDecoder::~GpuDecoder() {
+  // The staging buffer must not return to a shared pool while the GPU may still read it.
+  if (impl_->pending) cudaStreamSynchronize(impl_->stream);
+}
+
+void GpuDecoder::decode(std::span<const GpuDecodeItem> items, cudaStream_t stream) {
+  impl_->enqueue(items, stream);
+  impl_->finish();
+}
+
+void GpuDecoder::enqueue(std::span<const GpuDecodeItem> items, cudaStream_t stream) {
+  impl_->enqueue(items, stream);
+}
+
+void GpuDecoder::finish() { impl_->finish(); }
+bool GpuDecoder::pending() const { return impl_->pending; }
+
+void GpuDecoder::relaunch(cudaStream_t stream) {
+  if (impl_->pending) throw Error("GpuDecoder: relaunch() before finish()");
+  if (!impl_->launched) throw Error("GpuDecoder: relaunch() without a batch on the device");
+  impl_->launch(stream);
+}
+
+GpuDecoderStats GpuDecoder::stats() const { return impl_->stats; }
+
+#endif  // ZFEED_HAVE_NVCOMP
+
+}  // namespace zfeed::cuda
