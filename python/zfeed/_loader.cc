@@ -1,6 +1,8 @@
 // Bindings of the training data loader (zfeed::loader::Loader). Batches come out as NumPy arrays
 // that view the loader's batch buffers; each array owns a reference to its buffer, which returns
 // to the loader's pool only when every array of the batch is dropped.
+#include "_loader.h"
+
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/array.h>
@@ -61,30 +63,17 @@ nb::object to_python(const Loader& loader, const Batch& batch) {
                         times, batch.epoch, batch.index, crops);
 }
 
-std::string channels_json(const std::vector<zfeed::loader::Channel>& channels) {
-  zfeed::Json out = zfeed::Json::array();
-  for (const auto& c : channels) {
-    zfeed::Json item = {
-        {"variable", c.variable}, {"time_offset", c.time_offset}, {"normalized", c.normalized}};
-    item["level"] = c.level ? zfeed::Json(*c.level) : zfeed::Json();
-    item["mean"] = c.normalized ? zfeed::Json(c.mean) : zfeed::Json();
-    item["std"] = c.normalized ? zfeed::Json(c.std) : zfeed::Json();
-    out.push_back(item);
-  }
-  return out.dump();
-}
-
 }  // namespace
 
 void bind_loader(nb::module_& m) {
-  nb::class_<Loader>(m, "Loader")
-      .def(
-          "__init__",
-          [](Loader* self, std::shared_ptr<zfeed::Store> store, const std::string& spec) {
-            new (self) Loader(zfeed::loader::LoaderSpec::from_json(
-                std::move(store), zfeed::parse_json(spec, "loader spec from Python")));
-          },
-          "store"_a, "spec"_a)
+  auto cls = nb::class_<Loader>(m, "Loader");
+  cls.def(
+         "__init__",
+         [](Loader* self, std::shared_ptr<zfeed::Store> store, const std::string& spec) {
+           new (self) Loader(zfeed::loader::LoaderSpec::from_json(
+               std::move(store), zfeed::parse_json(spec, "loader spec from Python")));
+         },
+         "store"_a, "spec"_a)
       .def("next",
            [](Loader& loader) -> nb::object {
              std::optional<Batch> batch;
@@ -97,21 +86,6 @@ void bind_loader(nb::module_& m) {
            })
       .def("set_epoch", &Loader::set_epoch, "epoch"_a, nb::call_guard<nb::gil_scoped_release>())
       .def("begin_iteration", &Loader::begin_iteration, nb::call_guard<nb::gil_scoped_release>())
-      .def_prop_ro("epoch", &Loader::epoch)
-      .def_prop_ro("position", &Loader::position)
-      .def_prop_ro("batches_per_epoch", &Loader::batches_per_epoch)
-      .def_prop_ro("num_samples", &Loader::num_samples)
-      .def_prop_ro("input_shape", &Loader::input_shape)
-      .def_prop_ro("target_shape", &Loader::target_shape)
-      .def_prop_ro("input_dtype",
-                   [](const Loader& l) { return std::string(output_name(l.input_type())); })
-      .def_prop_ro("target_dtype",
-                   [](const Loader& l) { return std::string(output_name(l.target_type())); })
-      .def_prop_ro("label_targets", &Loader::label_targets)
-      .def_prop_ro("order", &Loader::order)
-      .def_prop_ro("window", [](const Loader& l) { return l.sampler().options().window; })
-      .def_prop_ro("cache_budget", &Loader::cache_budget)
-      .def_prop_ro("memory_bound", &Loader::memory_bound)
       .def("state_json", [](const Loader& loader) { return loader.state().dump(); })
       .def(
           "restore_json",
@@ -122,7 +96,7 @@ void bind_loader(nb::module_& m) {
           },
           "state"_a)
       .def("stats_json", [](const Loader& loader) { return loader.stats().to_json().dump(); })
-      .def("input_channels_json", [](const Loader& l) { return channels_json(l.input_channels()); })
-      .def("target_channels_json",
-           [](const Loader& l) { return channels_json(l.target_channels()); });
+      .def_prop_ro("position", &Loader::position)
+      .def_prop_ro("epoch", &Loader::epoch);
+  add_loader_properties(cls, [](const Loader& loader) -> const Loader& { return loader; });
 }

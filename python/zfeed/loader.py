@@ -78,21 +78,41 @@ def default_rank_and_world_size() -> tuple[int, int]:
     return _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
 
 
-def _device(device: Any) -> str | None:
-    """None for the CPU, else the torch device string ("cuda:N") after checking that CUDA works."""
+def _device(device: Any) -> int | None:
+    """None for the CPU, else the CUDA device index after checking that CUDA works ("cuda" is
+    torch's current device where torch is loaded, else device 0)."""
     text = str(device).strip().lower()
     if text == "cpu":
         return None
     if text != "cuda" and not (text.startswith("cuda:") and text[5:].isdigit()):
         raise _core.ZarrError(f"loader: device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
-    index = int(text[5:]) if text.startswith("cuda:") else 0
     status = _core.cuda_status()
     reason = status["reason"]
+    if text.startswith("cuda:"):
+        index = int(text[5:])
+    else:
+        import sys
+        torch = sys.modules.get("torch")
+        index = torch.cuda.current_device() if torch is not None and status["available"] else 0
     if status["available"] and index >= status["device_count"]:
         reason = f"no CUDA device {index} ({status['device_count']} found)"
     if not status["available"] or reason:
         raise _core.UnsupportedError(f"device={device!r} is unavailable: {reason}; use device='cpu'")
-    return f"cuda:{index}"
+    return index
+
+
+def _from_dlpack(framework: str):
+    """The function that turns a zfeed CudaTensor into the framework's tensor (zero-copy; the
+    framework passes its current stream, which then waits on the batch's copy)."""
+    if framework == "torch":
+        import torch
+        return torch.from_dlpack
+    if framework == "cupy":
+        import cupy
+        return cupy.from_dlpack
+    if framework == "dlpack":
+        return lambda tensor: tensor
+    raise _core.ZarrError(f"loader: framework must be 'torch', 'cupy' or 'dlpack', got {framework!r}")
 
 
 def _typed(array, dtype: str):
@@ -119,9 +139,19 @@ class Loader:
     stacked array (default "data").
     ``rank``/``world_size`` default to torch.distributed's (when initialized), else to the
     ``RANK``/``WORLD_SIZE`` environment variables.
-    ``device``: "cpu" (NumPy batches), or "cuda" / "cuda:N": torch CUDA tensors (inputs and
-    targets; copied on a side stream, see :class:`zfeed.torch.CudaCopier`); raises
+    ``device``: "cpu" (NumPy batches), or "cuda" / "cuda:N": inputs and targets arrive on the GPU
+    as ``framework`` tensors ("torch", "cupy", or "dlpack": zfeed's own CudaTensor objects that
+    any DLPack consumer takes). Host threads assemble raw values into pinned buffers, a copy
+    stream moves each batch while the previous one trains, and a kernel normalizes and casts it
+    (the values equal the CPU path's bit for bit). ``device_buffers``: device batches in flight
+    (2: double buffering, 3: triple). A batch's memory is reused only after the tensors made from
+    it are freed and the stream that used them has passed that point. Raises
     :class:`zfeed.UnsupportedError` with the reason where CUDA is unavailable.
+    ``decode`` (with a CUDA device): "cpu" (zfeed's threads decode), "gpu" (the host only reads
+    the stored chunks; nvCOMP decodes zstd, gzip, zlib and LZ4 chunks on the GPU in one batched
+    call per codec; other codecs still decode on the CPU, in the same batch) or "auto" (measures
+    both on the first batches, keeps the faster); ``stats()["device"]["decode"]`` says which runs
+    and why.
     ``drop_last``: True drops the remainder of the epoch that does not divide evenly among the
     ranks and the last incomplete batch; False pads every rank to the same count by repeating the
     epoch's first samples (as PyTorch's DistributedSampler does) and keeps the last, smaller batch.
@@ -133,8 +163,16 @@ class Loader:
                  prefetch: int = 2, epoch: int = 0, crop: Sequence[int] | None = None, path: str | None = None,
                  random_crop: Sequence[int] | None = None, dtype: str = "float32", order: str = "auto",
                  window: int = 0, cache_bytes: int | None = None, stacked: str = "data",
-                 device: str = "cpu"):
+                 device: str = "cpu", framework: str = "torch", device_buffers: int = 3, decode: str = "cpu"):
+        if decode not in ("cpu", "gpu", "auto"):
+            raise _core.ZarrError(f"loader: decode must be 'cpu', 'gpu' or 'auto', got {decode!r}")
         self._device = _device(device)
+        if self._device is None and decode != "cpu":
+            raise _core.ZarrError(f"loader: decode={decode!r} needs device='cuda' (the batches go to the GPU)")
+        if self._device is not None:
+            self._convert = _from_dlpack(framework)
+            if int(device_buffers) < 2:
+                raise _core.ZarrError(f"loader: device_buffers must be at least 2, got {device_buffers}")
         if isinstance(store, Group):
             core_store, group_path = store._core.store, store.path
         else:
@@ -175,7 +213,11 @@ class Loader:
                 raise _core.ZarrError(f"loader: {name} must not be negative, got {spec[name]}")
         if spec["cache_bytes"] is not None and spec["cache_bytes"] < 0:
             raise _core.ZarrError(f"loader: cache_bytes must not be negative, got {spec['cache_bytes']}")
-        self._core = _core.Loader(core_store, json.dumps(spec))
+        if self._device is None:
+            self._core = _core.Loader(core_store, json.dumps(spec))
+        else:
+            self._core = _core.DeviceLoader(core_store, json.dumps(spec), self._device, int(device_buffers) - 1,
+                                            decode)
         self._random_crop = random_crop is not None
 
     def __len__(self) -> int:
@@ -191,23 +233,20 @@ class Loader:
             if item is None:
                 return
             inputs, targets, times, _epoch, _index, crops = item
-            batch = {"inputs": _typed(inputs, self._core.input_dtype),
-                     "targets": targets[:, 0] if self._core.label_targets else _typed(targets, self._core.target_dtype),
-                     "times": times}
+            if self._device is not None:
+                batch = {"inputs": self._convert(inputs), "targets": self._convert(targets), "times": times}
+            else:
+                batch = {"inputs": _typed(inputs, self._core.input_dtype),
+                         "targets": targets[:, 0] if self._core.label_targets else _typed(targets, self._core.target_dtype),
+                         "times": times}
             if self._random_crop:
                 batch["crops"] = crops
-            if self._device is not None:
-                batch = self._to_device(batch)
             yield batch
 
-    def _to_device(self, batch: dict) -> dict:
-        # First increment of the GPU path (issue 6): the CPU batch is copied to torch CUDA tensors
-        # on a side stream that the current stream then waits on (zfeed.torch.CudaCopier).
-        copier = getattr(self, "_copier", None)
-        if copier is None:
-            from .torch import CudaCopier
-            copier = self._copier = CudaCopier(self._device)
-        return copier(batch)
+    @property
+    def device(self) -> str:
+        """"cpu" or "cuda:N": where the batches are."""
+        return "cpu" if self._device is None else f"cuda:{self._device}"
 
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch`` from its first batch (a no-op for the current epoch, so that a restored
@@ -276,7 +315,12 @@ class Loader:
         (codecs), assemble_s (scatter, cast, normalize); wall seconds: batch_s (producing batches),
         wait_s (the consumer waiting in the iterator), prefetch_idle_s; bytes read (compressed),
         decoded and delivered; chunks decoded through the cache, cache hits and bytes held;
-        batches, samples and batch buffers allocated."""
+        batches, samples and batch buffers allocated. With a CUDA device, ``device``: batches,
+        bytes_to_device (raw values copied), bytes_delivered (in the output types), host_wait_s
+        (waiting for host batches), copy_wait_s (waiting for a copy to free a host buffer), slots
+        (device batch buffers), registered_bytes (host batch memory pinned), copy_s (GPU time of
+        the copies), chunks_gpu_decoded, bytes_gpu_decoded, compressed_to_device, and decode:
+        {asked, mode, reason, auto_cpu_ms_per_batch, auto_gpu_ms_per_batch}."""
         return json.loads(self._core.stats_json())
 
     def __repr__(self) -> str:

@@ -29,40 +29,13 @@ def to_torch(batch: Mapping[str, Any]) -> dict:
     bits, since NumPy has no bfloat16 of its own)."""
     out = {}
     for name, array in batch.items():
-        if array.dtype.name == "bfloat16":
+        if isinstance(array, torch.Tensor):  # a Loader(device="cuda") batch: already torch
+            out[name] = array
+        elif array.dtype.name == "bfloat16":
             out[name] = torch.from_dlpack(array.view("uint16")).view(torch.bfloat16)
         else:
             out[name] = torch.from_dlpack(array)
     return out
-
-
-class CudaCopier:
-    """Copies a CPU batch to ``device`` (``Loader(device="cuda")``, first increment of issue 6):
-    ``inputs`` and ``targets`` on a side stream, which the current stream then waits on through an
-    event (no device-wide synchronize); ``times`` and ``crops`` stay on the CPU. The copies read
-    the loader's pageable batch buffer, which CUDA stages before the copy call returns, so the
-    buffer may go back to the loader at once. Not yet: pinned buffers, the kernel cast on the GPU
-    and overlap of host assembly with the copy (zfeed's C++ cuda/ layer has the pieces)."""
-
-    def __init__(self, device: str):
-        self.device = torch.device(device)
-        self.stream = torch.cuda.Stream(device=self.device)
-
-    def __call__(self, batch: Mapping[str, Any]) -> dict:
-        tensors = to_torch(batch)
-        consumer = torch.cuda.current_stream(self.device)
-        self.stream.wait_stream(consumer)  # the consumer's earlier work on reused memory
-        out = {}
-        with torch.cuda.stream(self.stream):
-            for name, tensor in tensors.items():
-                if name in ("inputs", "targets"):
-                    moved = tensor.to(self.device, non_blocking=True)
-                    moved.record_stream(consumer)  # freed only after the consumer's use
-                    out[name] = moved
-                else:
-                    out[name] = tensor
-        consumer.wait_stream(self.stream)  # an event wait on the GPU, not a host wait
-        return out
 
 
 class ZarrIterableDataset(torch.utils.data.IterableDataset):
@@ -85,6 +58,9 @@ class ZarrIterableDataset(torch.utils.data.IterableDataset):
 
     def _get_loader(self) -> Loader:
         info = torch.utils.data.get_worker_info()
+        if info is not None and str(self._args.get("device", "cpu")).startswith("cuda"):
+            raise RuntimeError("zfeed: device='cuda' batches are made in the main process (zfeed's own threads "
+                               "read and copy them): use DataLoader(..., num_workers=0)")
         worker = (info.id, info.num_workers) if info is not None else (0, 1)
         if self._loader is None or self._worker != worker:
             self._loader = Loader(self._store, rank=self._rank * worker[1] + worker[0],

@@ -110,6 +110,12 @@ def setup_distributed(device: str = "auto") -> Dist:
     return dist
 
 
+def zfeed_device(dist: Dist) -> str:
+    """Where zfeed's loader delivers batches: on the training GPU (copied on a side stream,
+    normalized and cast there) when training on CUDA, else on the CPU."""
+    return str(dist.device) if dist.device.type == "cuda" else "cpu"
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
@@ -288,8 +294,10 @@ def count_flops(task: Task, model: torch.nn.Module, batch: dict) -> float | None
 
 
 def _sync(device: torch.device) -> None:
+    """Waits for the training stream (for per-step timing): not for the whole device, so that
+    zfeed's copies of the next batches on their own stream go on across the step boundary."""
     if device.type == "cuda":
-        torch.cuda.synchronize(device)
+        torch.cuda.current_stream(device).synchronize()
 
 
 def _rng_state() -> dict:

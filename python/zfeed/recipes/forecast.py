@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import common
-from .common import Dist, Task, log
+from .common import Dist, Task, log, zfeed_device
 
 
 # -------------------------------------------------------------------------------------------
@@ -294,7 +294,7 @@ class ForecastTask(Task):
 
             return zfeed.Loader(self.store, inputs=self.inputs, targets=self.targets, lead=self.lead,
                                 history=self.history, batch_size=a.batch_size, seed=a.seed, normalize=self.stats, drop_last=True,
-                                epoch=epoch)
+                                epoch=epoch, device=zfeed_device(dist))
         from ..baseline import make_baseline_loader
 
         if self.targets != self.inputs:
@@ -317,7 +317,7 @@ class ForecastTask(Task):
             keep = times + self.lead < self.split
             if not keep.all():
                 if keep.any():
-                    index = torch.from_numpy(np.flatnonzero(keep))
+                    index = torch.from_numpy(np.flatnonzero(keep)).to(x.device)
                     x, y, times = x.index_select(0, index), y.index_select(0, index), times[keep]
                     full = False
                 else:  # a stand-in for DDP's collective backward; it carries no weight

@@ -42,7 +42,7 @@ import torch
 from torch import nn
 
 from . import common
-from .common import Dist, Task, log
+from .common import Dist, Task, log, zfeed_device
 from .forecast import resolve_statistics
 from .segment_losses import ConfusionMatrix, class_frequencies, class_weights, label_counts, weighted_cross_entropy
 from .segment_models import build_model
@@ -193,7 +193,7 @@ class SegmentTask(Task):
         import zfeed
 
         return zfeed.Loader(self.store, inputs=self.inputs, targets=[self.labels], lead=0, batch_size=a.batch_size,
-                            seed=a.seed, normalize=self.stats, drop_last=True, epoch=epoch)
+                            seed=a.seed, normalize=self.stats, drop_last=True, epoch=epoch, device=zfeed_device(dist))
 
     def prepare(self, raw: Any, device: torch.device) -> dict:
         from ..torch import to_torch
@@ -204,7 +204,7 @@ class SegmentTask(Task):
         keep = times < self.split
         if not keep.all():
             if int(keep.sum()) >= self.min_samples:
-                index = torch.from_numpy(np.flatnonzero(keep))
+                index = torch.from_numpy(np.flatnonzero(keep)).to(x.device)
                 x, y, times = x.index_select(0, index), y.index_select(0, index), times[keep]
                 full = False
             else:  # a stand-in for DDP's collective backward; it carries no weight

@@ -3,6 +3,7 @@
 #include <pthread.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -302,6 +303,7 @@ Json LoaderStats::to_json() const {
               {"bytes_decoded", bytes_decoded},
               {"bytes_delivered", bytes_delivered},
               {"chunks_decoded", chunks_decoded},
+              {"chunks_passed", chunks_passed},
               {"cache_hits", cache_hits},
               {"cache_bytes", cache_bytes},
               {"batches", batches},
@@ -331,7 +333,7 @@ struct Loader::Shared {
 
   std::atomic<uint64_t> read_ns{0}, decode_ns{0}, assemble_ns{0}, batch_ns{0}, wait_ns{0},
       idle_ns{0}, bytes_read{0}, bytes_decoded{0}, bytes_delivered{0}, chunks_decoded{0},
-      cache_hits{0}, cache_bytes{0}, batches{0}, samples{0}, buffers{0};
+      chunks_passed{0}, cache_hits{0}, cache_bytes{0}, batches{0}, samples{0}, buffers{0};
 
   std::unique_ptr<BatchMemory> allocate() {
     auto memory = std::make_unique<BatchMemory>();
@@ -366,6 +368,7 @@ struct Loader::Piece {
   uint8_t* dst = nullptr;                 // lat_ x lon_ values of `out`
   OutputType out = OutputType::kFloat32;
   Normalization normalization;
+  int64_t compressed = -1;  // its index in BatchMemory::compressed, where handed over compressed
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -656,6 +659,25 @@ Loader::Loader(LoaderSpec spec) : spec_(std::move(spec)), shared_(std::make_shar
       row *= (meta.shape[d] + chunk[d] - 1) / chunk[d] * chunk[d];
     chunk_row_bytes += row;
   }
+  // Arrays whose chunks may go to the consumer compressed: float32 planes, one whole plane per
+  // chunk, no crop (the chunk is the plane in the batch).
+  passable_.assign(arrays_.size(), false);
+  if (spec_.pass_compressed && spec_.defer_normalization) {
+    pass_reason_ = "no array has float32 chunks of one whole plane each";
+    if (spec_.crop || spec_.random_crop) pass_reason_ = "crops read parts of chunks";
+    for (size_t a = 0; a < arrays_.size() && !spec_.crop && !spec_.random_crop; ++a) {
+      const auto& meta = arrays_[a].metadata();
+      const auto& chunk = read_chunks_[a];
+      const size_t r = chunk.size();
+      passable_[a] = !cached_[a] && meta.dtype.id == DataTypeId::kFloat32 &&
+                     chunk[r - 2] == meta.shape[r - 2] && chunk[r - 1] == meta.shape[r - 1] &&
+                     spec_.pass_compressed(arrays_[a]);
+      if (passable_[a]) pass_reason_.clear();
+    }
+  } else {
+    pass_reason_ = "not asked for";
+  }
+
   const bool chunk_order =
       spec_.shuffle && (spec_.order == "chunks" || (spec_.order == "auto" && time_chunk > 1));
 
@@ -689,8 +711,8 @@ Loader::Loader(LoaderSpec spec) : spec_(std::move(spec)), shared_(std::make_shar
   cache_ = ChunkCache(budget);
 
   auto in = input_shape(), out = target_shape();
-  shared_->input_bytes = in[0] * in[1] * in[2] * in[3] * output_size(input_type());
-  shared_->target_bytes = out[0] * out[1] * out[2] * out[3] * output_size(target_type());
+  shared_->input_bytes = in[0] * in[1] * in[2] * in[3] * output_size(assembled_input_type());
+  shared_->target_bytes = out[0] * out[1] * out[2] * out[3] * output_size(assembled_target_type());
   shared_->batch_size = spec_.batch_size;
   for (uint64_t i = 0; i < spec_.prefetch + 1; ++i) shared_->free.push_back(shared_->allocate());
   register_fork_handlers();
@@ -747,20 +769,28 @@ std::array<uint64_t, 2> Loader::crop_origin(uint64_t epoch, uint64_t time) const
 // ---------------------------------------------------------------------------------------------
 // Assembly
 
+bool Loader::set_pass_compressed(bool enabled) {
+  const bool any = std::find(passable_.begin(), passable_.end(), true) != passable_.end();
+  pass_enabled_ = enabled && any;
+  return any;
+}
+
 void Loader::assemble(uint64_t epoch, std::span<const uint64_t> times, void* inputs_ptr,
-                      void* targets_ptr) {
+                      void* targets_ptr, BatchMemory* memory) {
   const auto batch_start = Clock::now();
   auto* inputs = static_cast<uint8_t*>(inputs_ptr);
   auto* targets = static_cast<uint8_t*>(targets_ptr);
   const size_t plane = lat_ * lon_;
   const size_t step_channels = input_sources_.size();
   const size_t input_channels = input_channels_.size(), target_channels = target_channels_.size();
-  const size_t in_size = output_size(input_type()), out_size = output_size(target_type());
+  const OutputType in_type = assembled_input_type(), out_type = assembled_target_type();
+  const size_t in_size = output_size(in_type), out_size = output_size(out_type);
   std::vector<Piece> direct, cached;
   auto add = [&](const Source& source, uint64_t time, std::array<uint64_t, 2> origin, uint8_t* dst,
                  OutputType out, const Channel& channel) {
-    Piece piece{source.array, time, source.level, origin[0],
-                origin[1],    dst,  out,          channel.normalization()};
+    const Normalization normalization =
+        spec_.defer_normalization ? Normalization{} : channel.normalization();
+    Piece piece{source.array, time, source.level, origin[0], origin[1], dst, out, normalization};
     (cached_[source.array] ? cached : direct).push_back(piece);
   };
   for (size_t i = 0; i < times.size(); ++i) {
@@ -769,29 +799,68 @@ void Loader::assemble(uint64_t epoch, std::span<const uint64_t> times, void* inp
       const uint64_t time = times[i] + 1 + h - spec_.history;
       for (const auto& source : input_sources_) {
         const size_t c = h * step_channels + source.channel;
-        add(source, time, origin, inputs + (i * input_channels + c) * plane * in_size, input_type(),
+        add(source, time, origin, inputs + (i * input_channels + c) * plane * in_size, in_type,
             input_channels_[c]);
       }
     }
     for (const auto& source : target_sources_) {
       add(source, times[i] + spec_.lead, origin,
-          targets + (i * target_channels + source.channel) * plane * out_size, target_type(),
+          targets + (i * target_channels + source.channel) * plane * out_size, out_type,
           target_channels_[source.channel]);
     }
   }
+  // Chunks handed over compressed: their entries, in the order of the pieces.
+  if (memory) {
+    memory->compressed_count = 0;
+    if (pass_enabled_) {
+      for (Piece& piece : direct) {
+        if (!passable_[piece.array]) continue;
+        const size_t index = memory->compressed_count++;
+        if (memory->compressed.size() < memory->compressed_count) memory->compressed.emplace_back();
+        CompressedChunk& chunk = memory->compressed[index];
+        chunk.target = piece.dst >= targets && piece.dst < targets + memory->targets.size();
+        chunk.offset = static_cast<uint64_t>(piece.dst - (chunk.target ? targets : inputs));
+        chunk.decoded_size = plane * 4;
+        chunk.array = static_cast<uint32_t>(piece.array);
+        std::vector<uint64_t> index_of_chunk = {piece.time};
+        if (piece.level) index_of_chunk.push_back(*piece.level);
+        index_of_chunk.push_back(0);
+        index_of_chunk.push_back(0);
+        chunk.key = arrays_[piece.array].chunk_key(index_of_chunk);
+        piece.compressed = static_cast<int64_t>(index);
+      }
+    }
+  }
   read_cached(cached);
-  read_direct(direct);
-  shared_->batch_ns += elapsed_ns(batch_start);
+  read_direct(direct, memory);
+  const uint64_t batch_ns = elapsed_ns(batch_start);
+  shared_->batch_ns += batch_ns;
+  if (memory) memory->assemble_ns = batch_ns;
 }
 
 // Pieces whose array has one plane per read chunk: read straight into the batch (float32 to
 // float32 decodes in place), then cast and normalized while the plane is still in cache.
-void Loader::read_direct(std::span<const Piece> pieces) {
+void Loader::read_direct(std::span<const Piece> pieces, BatchMemory* memory) {
   const size_t plane = lat_ * lon_;
   ThreadPool::shared().parallel_for(pieces.size(), [&](size_t p) {
     const Piece& piece = pieces[p];
     const zarr::Array& array = arrays_[piece.array];
     const DataType type = array.metadata().dtype;
+    if (piece.compressed >= 0) {  // read only: the consumer decodes
+      CompressedChunk& chunk = memory->compressed[static_cast<size_t>(piece.compressed)];
+      IoCounters& io = thread_io_counters();
+      const IoCounters io_before = io;
+      const auto start = Clock::now();
+      const bool found = array.store()->get_into(chunk.key, {}, chunk.data);
+      const uint64_t io_ns = io.read_ns - io_before.read_ns;
+      shared_->read_ns += std::max(io_ns, elapsed_ns(start));
+      shared_->bytes_read += found ? chunk.data.size() : 0;
+      if (found) {
+        ++shared_->chunks_passed;
+        return;
+      }
+      chunk.decoded_size = 0;  // absent: the fill value, written below like any plane
+    }
     zarr::Selection selection{{piece.time, piece.time + 1, 1}};
     if (piece.level) selection.push_back({*piece.level, *piece.level + 1, 1});
     selection.push_back({piece.lat_start, piece.lat_start + lat_, 1});
@@ -995,7 +1064,8 @@ void Loader::produce(uint64_t epoch, uint64_t first_batch) {
         ready.memory->crops[2 * i + 1] = static_cast<int64_t>(origin[1]);
       }
       try {
-        assemble(epoch, times, ready.memory->inputs.data(), ready.memory->targets.data());
+        assemble(epoch, times, ready.memory->inputs.data(), ready.memory->targets.data(),
+                 ready.memory.get());
       } catch (...) {
         ready.error = std::current_exception();
       }
@@ -1106,8 +1176,9 @@ std::optional<Batch> Loader::next() {
   ++shared.batches;
   shared.samples += ready.size;
   const auto in = input_shape(), out = target_shape();
-  shared.bytes_delivered += ready.size * (in[1] * in[2] * in[3] * output_size(input_type()) +
-                                          out[1] * out[2] * out[3] * output_size(target_type()));
+  shared.bytes_delivered +=
+      ready.size * (in[1] * in[2] * in[3] * output_size(assembled_input_type()) +
+                    out[1] * out[2] * out[3] * output_size(assembled_target_type()));
   Batch batch;
   batch.epoch = epoch_;
   batch.index = ready.index;
@@ -1211,6 +1282,7 @@ LoaderStats Loader::stats() const {
   stats.bytes_decoded = s.bytes_decoded;
   stats.bytes_delivered = s.bytes_delivered;
   stats.chunks_decoded = s.chunks_decoded;
+  stats.chunks_passed = s.chunks_passed;
   stats.cache_hits = s.cache_hits;
   stats.cache_bytes = s.cache_bytes;
   stats.batches = s.batches;

@@ -22,6 +22,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -88,6 +89,16 @@ struct LoaderSpec {
   bool normalize = true;
   uint64_t prefetch = 2;  // batches kept ready ahead of the consumer (>= 1)
   uint64_t epoch = 0;     // the first epoch
+  // The consumer normalizes and casts (the GPU path: cuda::DeviceLoader): batches hold the
+  // values as float32 (labels as int64), exactly the float the CPU path would normalize, and
+  // Channel::normalization() says what to apply; `dtype` is then the consumer's output type.
+  bool defer_normalization = false;
+  // Arrays whose chunks the consumer decodes (the GPU path, cuda::DeviceLoader with decode="gpu"):
+  // where this says yes for an array of float32 values whose chunks each hold exactly one whole
+  // plane of a batch (no crop), the loader reads the stored chunk and hands it over in
+  // BatchMemory::compressed instead of decoding it; the plane in the batch buffer is left as it
+  // is. Only with defer_normalization, and while set_pass_compressed(true).
+  std::function<bool(const zarr::Array&)> pass_compressed;
 
   // From JSON: {"path", "inputs": [{"name", "levels", "mean", "std"} | "name", ...], "targets",
   // "lead", "history", "crop": [lat_start, lat_size, lon_start, lon_size],
@@ -108,12 +119,27 @@ struct Channel {
   Normalization normalization() const { return {normalized, mean, std}; }
 };
 
+// A stored chunk handed to the consumer undecoded (LoaderSpec::pass_compressed).
+struct CompressedChunk {
+  bool target = false;        // its plane is in the targets buffer (else the inputs)
+  uint64_t offset = 0;        // the byte offset of its plane in that buffer
+  uint64_t decoded_size = 0;  // bytes it decodes to; 0: absent, the loader filled the plane
+  uint32_t array = 0;         // Loader::array(index)
+  std::string key;            // its store key
+  Bytes data;                 // its stored bytes
+};
+
 // The memory of one batch; owned by the loader's pool and lent to the consumer.
 struct BatchMemory {
   Bytes inputs;
   Bytes targets;
   std::vector<int64_t> times;
   std::vector<int64_t> crops;  // (lat_start, lon_start) per sample
+  // The first compressed_count entries belong to this batch (the rest keep their memory for the
+  // next batches).
+  std::vector<CompressedChunk> compressed;
+  size_t compressed_count = 0;
+  uint64_t assemble_ns = 0;  // wall time the loader spent assembling this batch
 };
 
 struct Batch {
@@ -144,6 +170,7 @@ struct LoaderStats {
   uint64_t bytes_decoded = 0;    // decoded chunk bytes (in the arrays' data types)
   uint64_t bytes_delivered = 0;  // bytes of the batches handed out
   uint64_t chunks_decoded = 0;   // through the cache (misses)
+  uint64_t chunks_passed = 0;    // handed over compressed (LoaderSpec::pass_compressed)
   uint64_t cache_hits = 0;
   uint64_t cache_bytes = 0;  // held now
   uint64_t batches = 0;
@@ -189,6 +216,14 @@ class Loader {
   std::array<uint64_t, 4> target_shape() const;
   OutputType input_type() const { return spec_.dtype; }
   OutputType target_type() const { return labels_ ? OutputType::kInt64 : spec_.dtype; }
+  // The element types of the batch buffers: input_type() and target_type(), or float32 (labels
+  // int64) with defer_normalization.
+  OutputType assembled_input_type() const {
+    return spec_.defer_normalization ? OutputType::kFloat32 : input_type();
+  }
+  OutputType assembled_target_type() const {
+    return spec_.defer_normalization && !labels_ ? OutputType::kFloat32 : target_type();
+  }
   bool label_targets() const { return labels_; }
   // The order in use ("random" or "chunks"), its time chunk (group) size and window.
   std::string order() const { return sampler_.options().group_size > 1 ? "chunks" : "random"; }
@@ -205,14 +240,26 @@ class Loader {
   // Reads and assembles the samples at `times` (cropped as in `epoch`) into `inputs` and
   // `targets` (dense, shaped as input_shape() and target_shape() with times.size() samples, of
   // input_type() and target_type()), synchronously.
-  void assemble(uint64_t epoch, std::span<const uint64_t> times, void* inputs, void* targets);
+  // With `memory` (whose buffers `inputs` and `targets` are), chunks may be handed over
+  // compressed in memory->compressed (see LoaderSpec::pass_compressed).
+  void assemble(uint64_t epoch, std::span<const uint64_t> times, void* inputs, void* targets,
+                BatchMemory* memory = nullptr);
+
+  // Turns handing over compressed chunks on or off for the batches assembled from now on (the
+  // prefetched ones keep how they were made). Returns whether any array qualifies.
+  bool set_pass_compressed(bool enabled);
+  bool passes_compressed() const { return pass_enabled_.load(); }
+  // Why no array qualifies for pass_compressed ("" where some does).
+  const std::string& pass_compressed_reason() const { return pass_reason_; }
+  size_t num_arrays() const { return arrays_.size(); }
+  const zarr::Array& array(size_t index) const { return arrays_[index]; }
 
   struct Shared;  // state shared with the prefetch thread and the lent buffers
 
  private:
   struct Source;  // one (variable, level) channel source
   struct Piece;   // one plane of one array to place into the batch
-  void read_direct(std::span<const Piece> pieces);
+  void read_direct(std::span<const Piece> pieces, BatchMemory* memory);
   void read_cached(std::span<const Piece> pieces);
   void start_producer();
   void stop_producer();
@@ -223,7 +270,10 @@ class Loader {
   std::vector<Source> input_sources_, target_sources_;
   std::vector<std::vector<uint64_t>> read_chunks_;  // per array: its read chunk shape
   std::vector<Channel> input_channels_, target_channels_;
-  std::vector<bool> cached_;  // per array: its read chunks hold several planes
+  std::vector<bool> cached_;    // per array: its read chunks hold several planes
+  std::vector<bool> passable_;  // per array: its chunks may be handed over compressed
+  std::atomic<bool> pass_enabled_{false};
+  std::string pass_reason_;
   uint64_t time_extent_ = 0, lat_ = 0, lon_ = 0, lat_start_ = 0, lon_start_ = 0;
   uint64_t full_lat_ = 0, full_lon_ = 0;
   bool labels_ = false;

@@ -460,6 +460,51 @@ TEST(Loader, HalfPrecisionBatchesRoundTheFloat32Values) {
   }
 }
 
+// The GPU path's split (cuda::DeviceLoader): with defer_normalization the host assembles the
+// float32 values un-normalized, and applying each channel's normalization and the cast to them,
+// as the device kernel does with loader/cast.h's code, gives the CPU path's batch bit for bit.
+TEST(Loader, DeferredNormalizationThenTheCastEqualsTheCpuPath) {
+  for (OutputType type : {OutputType::kFloat32, OutputType::kFloat16, OutputType::kBFloat16}) {
+    auto store = make_store(/*time_chunk=*/2);
+    auto spec = base_spec(store);
+    spec.dtype = type;
+    Loader reference(spec);
+    spec.defer_normalization = true;
+    Loader deferred(spec);
+    EXPECT_EQ(deferred.input_type(), type);
+    EXPECT_EQ(deferred.assembled_input_type(), OutputType::kFloat32);
+    EXPECT_EQ(deferred.assembled_target_type(), OutputType::kFloat32);
+    const auto in = deferred.input_shape(), out = deferred.target_shape();
+    const size_t plane = in[2] * in[3];
+    auto check = [&](const uint8_t* raw, const uint8_t* want, uint64_t planes, uint64_t channels,
+                     const std::vector<Channel>& meta) {
+      const size_t size = output_size(type);
+      for (uint64_t p = 0; p < planes; ++p) {
+        const Normalization normalization = meta[p % channels].normalization();
+        for (size_t k = 0; k < plane; ++k) {
+          float value;
+          std::memcpy(&value, raw + 4 * (p * plane + k), 4);
+          uint8_t stored[8] = {};
+          store_value(normalization.apply(value), type, stored);
+          ASSERT_EQ(std::memcmp(stored, want + size * (p * plane + k), size), 0)
+              << output_name(type) << " plane " << p << " element " << k;
+        }
+      }
+    };
+    uint64_t batches = 0;
+    while (auto batch = deferred.next()) {
+      auto want = reference.next();
+      ASSERT_TRUE(want);
+      check(batch->input_bytes(), want->input_bytes(), batch->size * in[1], in[1],
+            deferred.input_channels());
+      check(batch->target_bytes(), want->target_bytes(), batch->size * out[1], out[1],
+            deferred.target_channels());
+      ++batches;
+    }
+    EXPECT_EQ(batches, reference.batches_per_epoch());
+  }
+}
+
 TEST(Loader, IntegerTargetsWithoutStatisticsAreLabels) {
   auto store = make_store();
   auto labels = zarr::Array::create(store, "labels", meta("uint8", {kTimes, kLat, kLon}));

@@ -1,0 +1,53 @@
+// What the CPU loader's and the device loader's bindings share: the properties that describe the
+// batches (both read them from a zfeed::loader::Loader: the device loader's host loader).
+#pragma once
+
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/array.h>
+#include <nanobind/stl/string.h>
+
+#include <string>
+#include <vector>
+
+#include "zfeed/loader/loader.h"
+#include "zfeed/util/json.h"
+
+inline std::string channels_json(const std::vector<zfeed::loader::Channel>& channels) {
+  zfeed::Json out = zfeed::Json::array();
+  for (const auto& c : channels) {
+    zfeed::Json item = {
+        {"variable", c.variable}, {"time_offset", c.time_offset}, {"normalized", c.normalized}};
+    item["level"] = c.level ? zfeed::Json(*c.level) : zfeed::Json();
+    item["mean"] = c.normalized ? zfeed::Json(c.mean) : zfeed::Json();
+    item["std"] = c.normalized ? zfeed::Json(c.std) : zfeed::Json();
+    out.push_back(item);
+  }
+  return out.dump();
+}
+
+// Adds the descriptive properties to `cls`; `host(self)` gives the zfeed::loader::Loader.
+template <typename T, typename Host>
+void add_loader_properties(nanobind::class_<T>& cls, Host host) {
+  using zfeed::loader::Loader;
+  cls.def_prop_ro("batches_per_epoch",
+                  [host](const T& self) { return host(self).batches_per_epoch(); })
+      .def_prop_ro("num_samples", [host](const T& self) { return host(self).num_samples(); })
+      .def_prop_ro("input_shape", [host](const T& self) { return host(self).input_shape(); })
+      .def_prop_ro("target_shape", [host](const T& self) { return host(self).target_shape(); })
+      .def_prop_ro(
+          "input_dtype",
+          [host](const T& self) { return std::string(output_name(host(self).input_type())); })
+      .def_prop_ro(
+          "target_dtype",
+          [host](const T& self) { return std::string(output_name(host(self).target_type())); })
+      .def_prop_ro("label_targets", [host](const T& self) { return host(self).label_targets(); })
+      .def_prop_ro("order", [host](const T& self) { return host(self).order(); })
+      .def_prop_ro("window",
+                   [host](const T& self) { return host(self).sampler().options().window; })
+      .def_prop_ro("cache_budget", [host](const T& self) { return host(self).cache_budget(); })
+      .def_prop_ro("memory_bound", [host](const T& self) { return host(self).memory_bound(); })
+      .def("input_channels_json",
+           [host](const T& self) { return channels_json(host(self).input_channels()); })
+      .def("target_channels_json",
+           [host](const T& self) { return channels_json(host(self).target_channels()); });
+}

@@ -1,0 +1,413 @@
+#include "zfeed/cuda/device_loader.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <utility>
+
+#include "zfeed/cuda/check.h"
+#include "zfeed/cuda/device.h"
+#include "zfeed/cuda/gpu_decode_plan.h"
+#include "zfeed/util/error.h"
+
+namespace zfeed::cuda {
+
+using loader::OutputType;
+
+namespace {
+
+uint64_t since_ns(std::chrono::steady_clock::time_point start) {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
+          .count());
+}
+
+uint64_t product(const std::array<uint64_t, 4>& shape) {
+  return shape[0] * shape[1] * shape[2] * shape[3];
+}
+
+}  // namespace
+
+struct DeviceLoader::Shared {
+  std::mutex mutex;
+  int device = 0;
+  std::vector<std::unique_ptr<DeviceSlot>> slots;
+};
+
+void DeviceBatch::wait_on(cudaStream_t stream) const {
+  if (handle) handle->slot()->ready.wait_on(stream);
+}
+
+DeviceBatch::Handle::~Handle() {
+  auto* shared = static_cast<DeviceLoader::Shared*>(shared_.get());
+  std::lock_guard lock(shared->mutex);
+  try {
+    if (!streams_.empty()) set_device(shared->device);
+    for (cudaStream_t stream : streams_) {
+      if (slot_->used_events == slot_->released.size())
+        slot_->released.push_back(std::make_unique<Event>());
+      slot_->released[slot_->used_events++]->record(stream);
+    }
+  } catch (const Error&) {
+    // A destructor must not throw; a failed record leaves the CUDA context broken anyway, and
+    // the next copy on it reports the error.
+  }
+  --slot_->references;
+}
+
+void DeviceBatch::Handle::used_on(cudaStream_t stream) {
+  auto* shared = static_cast<DeviceLoader::Shared*>(shared_.get());
+  std::lock_guard lock(shared->mutex);
+  for (cudaStream_t known : streams_)
+    if (known == stream) return;
+  streams_.push_back(stream);
+}
+
+Json DeviceLoaderStats::to_json() const {
+  return Json{{"batches", batches},
+              {"bytes_to_device", bytes_to_device},
+              {"bytes_delivered", bytes_delivered},
+              {"host_wait_s", host_wait_ns * 1e-9},
+              {"copy_wait_s", copy_wait_ns * 1e-9},
+              {"copy_s", copy_ns * 1e-9},
+              {"copies_timed", copies_timed},
+              {"slots", slots},
+              {"registered_bytes", registered_bytes},
+              {"chunks_gpu_decoded", chunks_gpu_decoded},
+              {"bytes_gpu_decoded", bytes_gpu_decoded},
+              {"compressed_to_device", compressed_to_device},
+              {"decode",
+               {{"asked", decode_asked},
+                {"mode", decode_mode},
+                {"reason", decode_reason},
+                {"auto_cpu_ms_per_batch", auto_cpu_ms},
+                {"auto_gpu_ms_per_batch", auto_gpu_ms}}}};
+}
+
+DeviceLoader::DeviceLoader(loader::LoaderSpec spec, DeviceLoaderOptions options)
+    : options_(options), shared_(std::make_shared<Shared>()) {
+  require_device(options_.device, "device='cuda:" + std::to_string(options_.device) + "'");
+  if (options_.depth < 1) throw Error("loader: device depth must be at least 1");
+  set_device(options_.device);
+  shared_->device = options_.device;
+  spec.defer_normalization = true;
+  const std::string& decode = options_.decode;
+  if (decode != "cpu" && decode != "gpu" && decode != "auto")
+    throw Error("loader: decode must be 'cpu', 'gpu' or 'auto', got '" + decode + "'");
+  stats_.decode_asked = decode;
+  stats_.decode_mode = "cpu";
+  const std::string unavailable = gpu_decode_unavailable_reason();
+  if (decode == "gpu" && !unavailable.empty())
+    throw UnsupportedError("decode='gpu' is unavailable: " + unavailable);
+  if (decode == "cpu") {
+    stats_.decode_reason = "asked for";
+  } else if (!unavailable.empty()) {
+    stats_.decode_reason = "GPU decoding is unavailable: " + unavailable;
+  } else {
+    spec.pass_compressed = [](const zarr::Array& array) {
+      const GpuDecodePlan plan = gpu_decode_plan(array);
+      return plan.gpu && !plan.inner_chunks;
+    };
+  }
+  // The batches in flight on the copy stream hold host buffers too.
+  spec.prefetch += options_.depth;
+  const bool try_gpu = static_cast<bool>(spec.pass_compressed);
+  host_ = std::make_unique<loader::Loader>(std::move(spec));
+  if (try_gpu) {
+    if (!host_->set_pass_compressed(decode == "gpu")) {
+      stats_.decode_reason = "no array's chunks decode on the GPU in one nvCOMP step: " +
+                             host_->pass_compressed_reason();
+    } else {
+      decoder_ = std::make_unique<GpuDecoder>();
+      if (decode == "gpu") {
+        stats_.decode_mode = "gpu";
+        stats_.decode_reason = "asked for";
+      } else {
+        probing_ = true;  // the CPU path first, then the GPU path, then the faster
+        stats_.decode_reason = "measuring both paths";
+      }
+    }
+  }
+  const uint64_t in_raw =
+      product(host_->input_shape()) * output_size(host_->assembled_input_type());
+  const uint64_t out_raw =
+      product(host_->target_shape()) * output_size(host_->assembled_target_type());
+  staging_inputs_ = DeviceBuffer(in_raw);
+  staging_targets_ = DeviceBuffer(out_raw);
+}
+
+DeviceLoader::~DeviceLoader() {
+  try {
+    set_device(options_.device);
+    drain();
+  } catch (const Error&) {
+  }
+  // The host loader frees its buffers: unpin them first.
+  for (const uint8_t* pointer : pinned_) cudaHostUnregister(const_cast<uint8_t*>(pointer));
+  host_.reset();
+}
+
+void DeviceLoader::pin(const loader::Batch& batch) {
+  for (auto* bytes : {&batch.memory->inputs, &batch.memory->targets}) {
+    if (bytes->size() == 0 || pinned_.count(bytes->data())) continue;
+    check(cudaHostRegister(bytes->data(), bytes->size(), cudaHostRegisterDefault),
+          "cudaHostRegister (batch buffer)");
+    pinned_.insert(bytes->data());
+    stats_.registered_bytes += bytes->size();
+  }
+}
+
+DeviceSlot* DeviceLoader::free_slot() {
+  std::lock_guard lock(shared_->mutex);
+  DeviceSlot* slot = nullptr;
+  for (auto& candidate : shared_->slots) {
+    if (candidate->references == 0) {
+      slot = candidate.get();
+      break;
+    }
+  }
+  if (!slot) {
+    auto fresh = std::make_unique<DeviceSlot>();
+    fresh->inputs = DeviceBuffer(product(host_->input_shape()) * output_size(host_->input_type()));
+    fresh->targets =
+        DeviceBuffer(product(host_->target_shape()) * output_size(host_->target_type()));
+    slot = fresh.get();
+    shared_->slots.push_back(std::move(fresh));
+    ++stats_.slots;
+  }
+  // The consumer's streams must be past their last use of the slot before it is overwritten.
+  for (size_t i = 0; i < slot->used_events; ++i) slot->released[i]->wait_on(copy_stream_.get());
+  slot->used_events = 0;
+  ++slot->references;
+  return slot;
+}
+
+bool DeviceLoader::enqueue() {
+  const auto wait_start = std::chrono::steady_clock::now();
+  std::optional<loader::Batch> host_batch = host_->next();
+  stats_.host_wait_ns += since_ns(wait_start);
+  if (!host_batch) {
+    host_finished_ = true;
+    return false;
+  }
+  pin(*host_batch);
+  const loader::Batch& host = *host_batch;
+  const auto in_shape = host_->input_shape(), out_shape = host_->target_shape();
+  const uint64_t plane = in_shape[2] * in_shape[3];
+  const uint64_t in_planes = host.size * in_shape[1], out_planes = host.size * out_shape[1];
+  const size_t in_raw = output_size(host_->assembled_input_type());
+  const size_t out_raw = output_size(host_->assembled_target_type());
+
+  DeviceSlot* slot = free_slot();
+  InFlight flight;
+  flight.batch.handle = std::make_shared<DeviceBatch::Handle>(shared_, slot);
+  const cudaStream_t stream = copy_stream_.get();
+  // Chunks handed over compressed decode on the GPU into their planes of the staging buffers;
+  // the host buffers are copied only where the host filled some plane.
+  if (decoder_ && decoder_->pending()) finish_decode();
+  items_.clear();
+  uint64_t gpu_in = 0, gpu_out = 0, compressed_bytes = 0;
+  const auto& memory = *host.memory;
+  for (size_t i = 0; i < memory.compressed_count; ++i) {
+    const loader::CompressedChunk& chunk = memory.compressed[i];
+    if (chunk.decoded_size == 0) continue;
+    GpuDecodeItem item;
+    item.codec = gpu_decode_plan(host_->array(chunk.array)).codec;
+    item.src = chunk.data.data();
+    item.src_size = chunk.data.size();
+    item.dst = (chunk.target ? staging_targets_ : staging_inputs_).data() + chunk.offset;
+    item.decoded_size = chunk.decoded_size;
+    item.key = chunk.key;
+    items_.push_back(item);
+    (chunk.target ? gpu_out : gpu_in) += 1;
+    compressed_bytes += chunk.data.size();
+  }
+  flight.copy.started = std::make_shared<Event>(true);
+  flight.copy.started->record(stream);
+  if (gpu_in < in_planes) {
+    check(cudaMemcpyAsync(staging_inputs_.data(), host.input_bytes(), in_planes * plane * in_raw,
+                          cudaMemcpyHostToDevice, stream),
+          "cudaMemcpyAsync (batch inputs)");
+    stats_.bytes_to_device += in_planes * plane * in_raw;
+  }
+  if (gpu_out < out_planes) {
+    check(cudaMemcpyAsync(staging_targets_.data(), host.target_bytes(),
+                          out_planes * plane * out_raw, cudaMemcpyHostToDevice, stream),
+          "cudaMemcpyAsync (batch targets)");
+    stats_.bytes_to_device += out_planes * plane * out_raw;
+  }
+  if (!items_.empty()) {
+    decoder_->enqueue(items_, stream);
+    flight.gpu_decoded = true;
+    stats_.chunks_gpu_decoded += items_.size();
+    stats_.bytes_gpu_decoded += (gpu_in + gpu_out) * plane * 4;
+    stats_.compressed_to_device += compressed_bytes;
+  }
+  flight.copy.copied = std::make_shared<Event>(true);
+  flight.copy.copied->record(stream);
+
+  auto planes = [&](uint64_t count, uint64_t channels, const std::vector<loader::Channel>& meta,
+                    const DeviceBuffer& src, size_t src_size, SourceType src_type,
+                    const DeviceBuffer& dst, OutputType out, bool labels) {
+    std::vector<CastPlane> list(count);
+    for (uint64_t p = 0; p < count; ++p) {
+      list[p].src = src.data() + p * plane * src_size;
+      list[p].dst = dst.data() + p * plane * output_size(out);
+      list[p].count = plane;
+      list[p].type = src_type;
+      if (!labels) list[p].normalization = meta[p % channels].normalization();
+    }
+    return list;
+  };
+  const auto input_planes =
+      planes(in_planes, in_shape[1], host_->input_channels(), staging_inputs_, in_raw,
+             SourceType::kFloat32, slot->inputs, host_->input_type(), false);
+  cast_planes(input_planes, host_->input_type(), descriptors_inputs_, stream);
+  const bool labels = host_->label_targets();
+  const auto target_planes =
+      planes(out_planes, out_shape[1], host_->target_channels(), staging_targets_, out_raw,
+             labels ? SourceType::kInt64 : SourceType::kFloat32, slot->targets,
+             host_->target_type(), labels);
+  cast_planes(target_planes, host_->target_type(), descriptors_targets_, stream);
+  slot->ready.record(stream);
+
+  flight.batch.epoch = host.epoch;
+  flight.batch.index = host.index;
+  flight.batch.size = host.size;
+  flight.batch.times.assign(host.times(), host.times() + host.size);
+  flight.batch.crops.assign(host.crops(), host.crops() + 2 * host.size);
+  flight.batch.inputs = slot->inputs.data();
+  flight.batch.targets = slot->targets.data();
+  stats_.bytes_delivered += in_planes * plane * output_size(host_->input_type()) +
+                            out_planes * plane * output_size(host_->target_type());
+  flight.host_ns = memory.assemble_ns;
+  flight.slot = slot;
+  flight.copy.host = std::move(*host_batch);
+  in_flight_.push_back(std::move(flight));
+  return true;
+}
+
+void DeviceLoader::release_copied_host_batches(bool wait_for_all) {
+  const auto start = std::chrono::steady_clock::now();
+  // At most `depth` handed-out batches may still hold their host buffer; wait for older copies.
+  while (!copying_.empty() &&
+         (wait_for_all || copying_.size() > options_.depth || copying_.front().copied->ready())) {
+    const Copy& copy = copying_.front();
+    copy.copied->synchronize();
+    stats_.copy_ns += static_cast<uint64_t>(copy.copied->elapsed_ms_since(*copy.started) * 1e6);
+    ++stats_.copies_timed;
+    copying_.pop_front();
+  }
+  stats_.copy_wait_ns += since_ns(start);
+}
+
+std::optional<DeviceBatch> DeviceLoader::next() {
+  set_device(options_.device);
+  while (in_flight_.size() < options_.depth + 1 && !host_finished_) {
+    if (!enqueue()) break;
+  }
+  if (in_flight_.empty()) return std::nullopt;
+  InFlight flight = std::move(in_flight_.front());
+  in_flight_.pop_front();
+  if (in_flight_.empty() && decoder_ && decoder_->pending()) {
+    in_flight_.push_front(std::move(flight));  // kept in place should the decode fail
+    finish_decode();
+    flight = std::move(in_flight_.front());
+    in_flight_.pop_front();
+  }
+  if (probing_) probe(flight);
+  copying_.push_back(std::move(flight.copy));
+  release_copied_host_batches(false);
+  ++handed_out_;
+  ++stats_.batches;
+  return std::move(flight.batch);
+}
+
+void DeviceLoader::finish_decode() {
+  try {
+    decoder_->finish();
+  } catch (...) {
+    // The batches in flight are dropped and the host loader goes back to the first batch not
+    // handed out: the next call reads it again (and fails again on a corrupt chunk), as the CPU
+    // path retries a failed batch.
+    const Json position = state();
+    drain();
+    host_->restore(position);
+    host_finished_ = false;
+    throw;
+  }
+}
+
+void DeviceLoader::probe(const InFlight& flight) {
+  flight.slot->ready.synchronize();
+  const double gpu_ms = flight.slot->ready.elapsed_ms_since(*flight.copy.started);
+  const double cost = std::max(gpu_ms, static_cast<double>(flight.host_ns) * 1e-6);
+  constexpr size_t kMeasured = 3;
+  auto& samples = flight.gpu_decoded ? probe_gpu_ms_ : probe_cpu_ms_;
+  samples.push_back(cost);  // the first of each path is its warm-up
+  if (!flight.gpu_decoded && probe_cpu_ms_.size() == kMeasured + 1)
+    host_->set_pass_compressed(true);
+  if (probe_gpu_ms_.size() < kMeasured + 1 || probe_cpu_ms_.size() < kMeasured + 1) return;
+  auto mean = [](const std::vector<double>& v) {
+    double sum = 0;
+    for (size_t i = 1; i < v.size(); ++i) sum += v[i];
+    return sum / static_cast<double>(v.size() - 1);
+  };
+  stats_.auto_cpu_ms = mean(probe_cpu_ms_);
+  stats_.auto_gpu_ms = mean(probe_gpu_ms_);
+  const bool gpu = stats_.auto_gpu_ms < stats_.auto_cpu_ms;
+  host_->set_pass_compressed(gpu);
+  stats_.decode_mode = gpu ? "gpu" : "cpu";
+  char text[160];
+  std::snprintf(text, sizeof text, "auto: %.1f ms per batch decoding on the GPU, %.1f on the CPU",
+                stats_.auto_gpu_ms, stats_.auto_cpu_ms);
+  stats_.decode_reason = text;
+  probing_ = false;
+}
+
+void DeviceLoader::drain() {
+  if (decoder_ && decoder_->pending()) {
+    try {
+      decoder_->finish();
+    } catch (const Error&) {
+      // dropped with the batches in flight
+    }
+  }
+  copy_stream_.synchronize();
+  in_flight_.clear();
+  copying_.clear();
+}
+
+void DeviceLoader::set_epoch(uint64_t epoch) {
+  if (epoch == host_->epoch()) return;
+  set_device(options_.device);
+  drain();
+  host_->set_epoch(epoch);
+  handed_out_ = 0;
+  host_finished_ = false;
+}
+
+void DeviceLoader::begin_iteration() {
+  if (!host_finished_ || !in_flight_.empty()) return;  // mid-epoch: go on where it stands
+  host_->begin_iteration();
+  handed_out_ = host_->position();
+  host_finished_ = false;
+}
+
+Json DeviceLoader::state() const {
+  Json state = host_->state();
+  state["batch"] = handed_out_;
+  return state;
+}
+
+void DeviceLoader::restore(const Json& state) {
+  set_device(options_.device);
+  drain();
+  host_->restore(state);
+  handed_out_ = host_->position();
+  host_finished_ = false;
+}
+
+DeviceLoaderStats DeviceLoader::stats() const { return stats_; }
+
+}  // namespace zfeed::cuda

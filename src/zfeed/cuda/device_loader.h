@@ -1,0 +1,179 @@
+// Batches on the GPU: a loader::Loader assembles raw values (float32, labels int64) into its
+// batch buffers, pinned once (cudaHostRegister: the loader reuses the same few buffers); a copy
+// stream moves each batch into device staging memory and a kernel normalizes and casts it into
+// one of the device output buffers (loader/cast.h's per-element code, so the values equal the
+// CPU loader's bit for bit). next() keeps `depth` batches in flight on the copy stream, so the
+// copy of batch k+1 runs while the consumer's stream trains on batch k.
+//
+// Ordering, never a device-wide synchronize: a consumer stream waits on a batch's ready event
+// (DeviceBatch::wait_on); when the consumer lets go of a batch (release() with the streams that
+// used it), an event is recorded on each of those streams and the copy stream waits on them before
+// it overwrites that output buffer. The host buffer goes back to the loader once its copy's event
+// has completed. Built only with CUDA (ZFEED_HAVE_CUDA) and the loader (not ZFEED_CUDA_ONLY).
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "zfeed/cuda/cast_kernels.h"
+#include "zfeed/cuda/copy_stream.h"
+#include "zfeed/cuda/gpu_decode.h"
+#include "zfeed/loader/loader.h"
+#include "zfeed/util/json.h"
+
+namespace zfeed::cuda {
+
+struct DeviceLoaderOptions {
+  int device = 0;
+  // Batches enqueued on the copy stream ahead of the one handed out: 1 double-buffers, 2
+  // triple-buffers.
+  uint64_t depth = 2;
+  // Where chunks are decoded: "cpu" (the host loader's threads), "gpu" (nvCOMP: the host reads
+  // the stored chunks, the GPU decodes them in one batched call per codec; chunks nvCOMP does
+  // not cover still decode on the CPU, in the same batch), "auto" (measures both on the first
+  // batches and keeps the faster).
+  std::string decode = "cpu";
+};
+
+class DeviceLoader;
+
+// One device output buffer: inputs and targets of a batch, lent to the consumer.
+struct DeviceSlot {
+  DeviceBuffer inputs, targets;
+  Event ready{true};  // recorded on the copy stream after the batch's cast (timed: decode="auto")
+  // Recorded on the consumer streams that used the batch; the copy stream waits on them before
+  // the slot is overwritten. Guarded by DeviceLoader::Shared::mutex.
+  std::vector<std::unique_ptr<Event>> released;
+  size_t used_events = 0;
+  uint64_t references = 0;  // handles the consumer holds
+};
+
+// A batch on the device. Its memory stays the consumer's until every copy of the handle is gone.
+struct DeviceBatch {
+  uint64_t epoch = 0, index = 0, size = 0;
+  std::vector<int64_t> times;  // per sample
+  std::vector<int64_t> crops;  // (lat_start, lon_start) per sample
+  // Device pointers, shaped as the loader's input_shape() / target_shape() with `size` samples,
+  // of the loader's input_type() / target_type().
+  void* inputs = nullptr;
+  void* targets = nullptr;
+  // Makes `stream` wait until the batch is on the device (no host wait).
+  void wait_on(cudaStream_t stream) const;
+  // A reference to the slot, dropped by release(): the slot is reused once every reference is
+  // released and the streams given there have passed the point of release.
+  class Handle;
+  std::shared_ptr<Handle> handle;
+};
+
+class DeviceBatch::Handle {
+ public:
+  Handle(std::shared_ptr<void> shared, DeviceSlot* slot)
+      : shared_(std::move(shared)), slot_(slot) {}
+  ~Handle();
+  Handle(const Handle&) = delete;
+  Handle& operator=(const Handle&) = delete;
+  // Records on `stream` the point after which the consumer no longer touches the batch (may be
+  // called for several streams; nullptr: the legacy default stream).
+  void used_on(cudaStream_t stream);
+  DeviceSlot* slot() const { return slot_; }
+
+ private:
+  std::shared_ptr<void> shared_;  // keeps the loader's device state alive
+  DeviceSlot* slot_;
+  std::vector<cudaStream_t> streams_;
+};
+
+struct DeviceLoaderStats {
+  uint64_t batches = 0;
+  uint64_t bytes_to_device = 0;     // host-to-device copy bytes (raw values)
+  uint64_t bytes_delivered = 0;     // device batch bytes in the output types
+  uint64_t host_wait_ns = 0;        // next() waiting for the host loader's batch
+  uint64_t copy_wait_ns = 0;        // next() waiting for a host buffer's copy to finish
+  uint64_t copy_ns = 0;             // GPU time of the host-to-device copies (CUDA events)
+  uint64_t copies_timed = 0;        // batches whose copy time is in copy_ns
+  uint64_t slots = 0;               // device output buffers allocated
+  uint64_t registered_bytes = 0;    // host batch memory pinned with cudaHostRegister
+  uint64_t chunks_gpu_decoded = 0;  // chunks decoded by nvCOMP
+  uint64_t bytes_gpu_decoded = 0;
+  uint64_t compressed_to_device = 0;  // compressed bytes copied for nvCOMP
+  // decode: what was asked, what runs ("cpu" or "gpu"), why; with "auto", the measured cost per
+  // batch of each path (max of host assembly and GPU time, in ms).
+  std::string decode_asked, decode_mode, decode_reason;
+  double auto_cpu_ms = 0, auto_gpu_ms = 0;
+  Json to_json() const;
+};
+
+class DeviceLoader {
+ public:
+  // Takes the host loader's spec; sets its defer_normalization and raises its prefetch by depth.
+  DeviceLoader(loader::LoaderSpec spec, DeviceLoaderOptions options);
+  ~DeviceLoader();
+  DeviceLoader(const DeviceLoader&) = delete;
+  DeviceLoader& operator=(const DeviceLoader&) = delete;
+
+  // The next batch of the current epoch (its copy and cast enqueued; wait_on before use), or
+  // nullopt at the end of the epoch.
+  std::optional<DeviceBatch> next();
+  void set_epoch(uint64_t epoch);
+  void begin_iteration();
+  // The host loader's state, positioned after the batches handed to the consumer (not those
+  // merely in flight).
+  Json state() const;
+  void restore(const Json& state);
+  DeviceLoaderStats stats() const;
+
+  const loader::Loader& host() const { return *host_; }
+  int device() const { return options_.device; }
+  uint64_t position() const { return handed_out_; }
+  uint64_t epoch() const { return host_->epoch(); }
+
+  struct Shared;
+
+ private:
+  // A batch's host-to-device copy: the host buffer is released once `copied` has completed;
+  // the events time the copy (DeviceLoaderStats::copy_ns).
+  struct Copy {
+    loader::Batch host;
+    std::shared_ptr<Event> started, copied;
+  };
+  struct InFlight {
+    DeviceBatch batch;
+    Copy copy;
+    bool gpu_decoded = false;    // some of its chunks went through nvCOMP
+    uint64_t host_ns = 0;        // the host loader's assembly time
+    DeviceSlot* slot = nullptr;  // for decode="auto"'s timing
+  };
+  bool enqueue();        // one more batch onto the copy stream; false at the end of the epoch
+  void finish_decode();  // checks the last batch's GPU decode; on failure resets and throws
+  void probe(const InFlight& flight);  // decode="auto": times the batch, decides when done
+  void drain();                        // waits for the copy stream and drops everything in flight
+  void release_copied_host_batches(bool wait_for_all);
+  void pin(const loader::Batch& batch);
+  DeviceSlot* free_slot();
+
+  DeviceLoaderOptions options_;
+  std::unique_ptr<loader::Loader> host_;
+  std::shared_ptr<Shared> shared_;
+  Stream copy_stream_;
+  DeviceBuffer staging_inputs_, staging_targets_;
+  DeviceBuffer descriptors_inputs_, descriptors_targets_;
+  std::deque<InFlight> in_flight_;  // enqueued, not yet handed out
+  std::deque<Copy> copying_;        // handed out, the copy maybe still running
+  std::unordered_set<const uint8_t*> pinned_;
+  uint64_t handed_out_ = 0;     // batches handed out in the current epoch
+  bool host_finished_ = false;  // the host loader reported the end of the epoch
+  DeviceLoaderStats stats_;
+  std::unique_ptr<GpuDecoder> decoder_;
+  std::vector<GpuDecodeItem> items_;
+  // decode="auto": batches measured per path (the first of each path is left out as warm-up).
+  std::vector<double> probe_cpu_ms_, probe_gpu_ms_;
+  bool probing_ = false;
+};
+
+}  // namespace zfeed::cuda

@@ -1,0 +1,220 @@
+"""Batches on the GPU (Loader(device="cuda")): equal to the CPU loader's bit for bit (float32,
+float16, bfloat16, labels; NaNs included), into torch and CuPy through DLPack with stream
+semantics, buffers not overwritten while the consumer holds them, exact resume, and the
+ZarrIterableDataset. Without a usable GPU only the error test runs; the rest skip with the reason
+(scripts/gpu-check runs them on a GPU machine)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import zfeed
+
+STATUS = zfeed._core.cuda_status()
+needs_gpu = pytest.mark.skipif(not STATUS["available"], reason=f"no usable GPU: {STATUS['reason']}")
+
+T, LAT, LON = 40, 24, 36
+NAMES = ["t2m", "u500", "z500"]
+
+
+def make_store(path, time_chunk=1):
+    root = zfeed.create_group(path)
+    rng = np.random.default_rng(3)
+    for k, name in enumerate(NAMES):
+        values = (100.0 * k + rng.standard_normal((T, LAT, LON)) * (k + 1)).astype("float32")
+        if k == 0:
+            values[3, 2, 5] = np.nan
+        root.create_array(name, shape=values.shape, chunks=(time_chunk, LAT, LON), dtype="float32",
+                          compressor="zstd:3", dimension_names=["time", "latitude", "longitude"], data=values,
+                          attributes={"zfeed_stats": {"mean": 100.0 * k, "std": float(k + 1)}})
+    labels = (rng.random((T, LAT, LON)) * 3).astype("uint8")
+    root.create_array("labels", shape=labels.shape, chunks=(time_chunk, LAT, LON), dtype="uint8",
+                      compressor="zstd:3", dimension_names=["time", "latitude", "longitude"], data=labels)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    path = tmp_path_factory.mktemp("gpu") / "era5.zarr"
+    make_store(path, time_chunk=1)
+    make_store(path.with_name("ten.zarr"), time_chunk=10)
+    return path
+
+
+def test_cuda_unavailable_says_why():
+    if STATUS["available"]:
+        pytest.skip("a GPU is usable here")
+    with pytest.raises(zfeed.UnsupportedError, match="unavailable: .+; use device='cpu'"):
+        zfeed.Loader("unused.zarr", inputs=["t2m"], device="cuda")
+
+
+def bits(array):
+    array = np.ascontiguousarray(array)
+    return array.view(f"u{array.dtype.itemsize}") if array.dtype.kind == "f" or array.dtype.name == "bfloat16" else array
+
+
+def torch_to_numpy(tensor):
+    import torch
+    if tensor.dtype == torch.bfloat16:
+        return tensor.view(torch.int16).cpu().numpy().view(np.uint16)
+    return tensor.cpu().numpy()
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("labels", [False, True])
+@pytest.mark.parametrize("chunks", ["era5.zarr", "ten.zarr"])
+def test_gpu_batches_equal_the_cpu_loaders_bit_for_bit(store, dtype, labels, chunks):
+    import torch
+    path = store.with_name(chunks)
+    args = dict(inputs=NAMES, targets=["labels"] if labels else NAMES, lead=0 if labels else 1, batch_size=4,
+                seed=1, dtype=dtype, drop_last=False)
+    cpu = zfeed.Loader(path, **args)
+    gpu = zfeed.Loader(path, device="cuda", **args)
+    assert gpu.device == "cuda:0"
+    count = 0
+    for want, got in zip(cpu, gpu, strict=True):
+        assert got["inputs"].is_cuda and got["targets"].is_cuda
+        assert got["inputs"].dtype == getattr(torch, dtype)
+        assert got["targets"].dtype == (torch.int64 if labels else getattr(torch, dtype))
+        np.testing.assert_array_equal(got["times"], want["times"])
+        np.testing.assert_array_equal(bits(torch_to_numpy(got["inputs"])), bits(want["inputs"]))
+        np.testing.assert_array_equal(bits(torch_to_numpy(got["targets"])), bits(want["targets"]))
+        count += 1
+    assert count == len(cpu)
+    stats = gpu.stats()["device"]
+    assert stats["batches"] == count and stats["bytes_to_device"] > 0 and stats["copy_s"] > 0
+
+
+@needs_gpu
+def test_consumer_stream_waits_and_held_batches_are_not_overwritten(store):
+    import torch
+    cpu = list(zfeed.Loader(store, inputs=NAMES, targets=NAMES, batch_size=4, seed=2))
+    side = torch.cuda.Stream()
+    kept = []
+    with torch.cuda.stream(side):  # the consumer works on a stream of its own
+        gpu = zfeed.Loader(store, inputs=NAMES, targets=NAMES, batch_size=4, seed=2, device="cuda",
+                           device_buffers=2)
+        for batch in gpu:
+            kept.append((batch["inputs"] * 1.0, batch["inputs"]))  # used on `side`, and held
+    side.synchronize()
+    for (product, held), want in zip(kept, cpu, strict=True):
+        np.testing.assert_array_equal(bits(product.cpu().numpy()), bits(want["inputs"]))
+        np.testing.assert_array_equal(bits(held.cpu().numpy()), bits(want["inputs"]))
+    assert gpu.stats()["device"]["slots"] >= len(kept)  # more buffers, none overwritten
+
+
+@needs_gpu
+def test_buffers_are_recycled_once_the_consumer_lets_go(store):
+    gpu = zfeed.Loader(store, inputs=NAMES, targets=NAMES, batch_size=4, seed=2, device="cuda",
+                       device_buffers=3)
+    for epoch in range(3):
+        gpu.set_epoch(epoch)
+        for batch in gpu:
+            (batch["inputs"].sum() + batch["targets"].sum()).item()
+    assert gpu.stats()["device"]["slots"] <= 4  # in flight (device_buffers) + the one in use
+
+
+@needs_gpu
+def test_cupy_and_raw_dlpack(store):
+    cupy = pytest.importorskip("cupy")
+    cpu = next(iter(zfeed.Loader(store, inputs=NAMES, targets=NAMES, batch_size=4, seed=4)))
+    got = next(iter(zfeed.Loader(store, inputs=NAMES, targets=NAMES, batch_size=4, seed=4, device="cuda",
+                                 framework="cupy")))
+    assert isinstance(got["inputs"], cupy.ndarray)
+    np.testing.assert_array_equal(bits(cupy.asnumpy(got["inputs"])), bits(cpu["inputs"]))
+    raw = next(iter(zfeed.Loader(store, inputs=NAMES, targets=NAMES, batch_size=4, seed=4, device="cuda",
+                                 framework="dlpack")))
+    assert raw["inputs"].__dlpack_device__() == (2, 0)
+    assert raw["inputs"].shape == list(cpu["inputs"].shape) and raw["inputs"].dtype == "float32"
+    np.testing.assert_array_equal(bits(cupy.asnumpy(cupy.from_dlpack(raw["inputs"]))), bits(cpu["inputs"]))
+
+
+@needs_gpu
+def test_resume_on_the_gpu_is_exact(store):
+    args = dict(inputs=NAMES, targets=NAMES, batch_size=3, seed=9, device="cuda")
+    whole = [b["inputs"].cpu().numpy() for b in zfeed.Loader(store, **args)]
+    first = zfeed.Loader(store, **args)
+    iterator = iter(first)
+    for _ in range(4):
+        next(iterator)
+    state = first.state_dict()
+    assert state["batch"] == 4
+    resumed = zfeed.Loader(store, **args)
+    resumed.load_state_dict(state)
+    rest = [b["inputs"].cpu().numpy() for b in resumed]
+    assert len(rest) == len(whole) - 4
+    for a, b in zip(rest, whole[4:], strict=True):
+        np.testing.assert_array_equal(bits(a), bits(b))
+
+
+@needs_gpu
+def test_torch_dataset_on_the_gpu(store):
+    import torch
+    from zfeed.torch import ZarrIterableDataset
+    dataset = ZarrIterableDataset(store, inputs=NAMES, targets=NAMES, batch_size=4, seed=0, device="cuda")
+    batches = list(torch.utils.data.DataLoader(dataset, batch_size=None))
+    assert len(batches) == len(dataset) and all(b["inputs"].is_cuda for b in batches)
+
+
+def make_codec_store(path, compressor):
+    root = zfeed.create_group(path)
+    rng = np.random.default_rng(5)
+    for k, name in enumerate(NAMES):
+        values = (100.0 * k + np.cumsum(rng.standard_normal((T, LAT, LON)), axis=2) * (k + 1)).astype("float32")
+        root.create_array(name, shape=values.shape, chunks=(1, LAT, LON), dtype="float32", compressor=compressor,
+                          dimension_names=["time", "latitude", "longitude"], data=values,
+                          attributes={"zfeed_stats": {"mean": 100.0 * k, "std": float(k + 1)}})
+    return path
+
+
+def test_gpu_decode_needs_a_cuda_device():
+    with pytest.raises(zfeed.ZarrError, match="needs device='cuda'"):
+        zfeed.Loader("unused.zarr", inputs=["t2m"], decode="gpu")
+
+
+@needs_gpu
+@pytest.mark.parametrize("compressor", ["zstd:3", "gzip:5", "lz4", "zlib:1", "blosc:lz4:5"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_gpu_decoded_batches_equal_the_cpu_loaders(tmp_path, compressor, dtype):
+    try:
+        path = make_codec_store(tmp_path / "codec.zarr", compressor)
+    except zfeed.ZarrError as error:
+        pytest.skip(f"{compressor}: {error}")
+    args = dict(inputs=NAMES, targets=NAMES, batch_size=4, seed=3, dtype=dtype, drop_last=False)
+    cpu = zfeed.Loader(path, **args)
+    gpu = zfeed.Loader(path, device="cuda", decode="gpu", **args)
+    for want, got in zip(cpu, gpu, strict=True):
+        np.testing.assert_array_equal(bits(torch_to_numpy(got["inputs"])), bits(want["inputs"]))
+        np.testing.assert_array_equal(bits(torch_to_numpy(got["targets"])), bits(want["targets"]))
+    decode = gpu.stats()["device"]
+    if compressor.startswith("blosc"):  # nvCOMP has no blosc: the CPU decodes, and says why
+        assert decode["chunks_gpu_decoded"] == 0 and "nvCOMP" in decode["decode"]["reason"]
+    else:
+        assert decode["decode"]["mode"] == "gpu" and decode["chunks_gpu_decoded"] > 0
+
+
+@needs_gpu
+def test_a_corrupt_chunk_decoded_on_the_gpu_names_the_key_and_stops_cleanly(tmp_path):
+    path = make_codec_store(tmp_path / "corrupt.zarr", "zstd:3")
+    chunk = path / "u500" / "c" / "7" / "0" / "0"
+    chunk.write_bytes(chunk.read_bytes()[:-100])  # truncated: caught before the GPU sees it
+    loader = zfeed.Loader(path, inputs=NAMES, targets=NAMES, batch_size=4, shuffle=False, device="cuda", decode="gpu")
+    with pytest.raises(zfeed.ZarrError, match="u500/c/7/0/0"):
+        for _ in loader:
+            pass
+    with pytest.raises(zfeed.ZarrError, match="u500/c/7/0/0"):  # the same batch again, not garbage
+        for _ in loader:
+            pass
+
+
+@needs_gpu
+def test_auto_decode_measures_both_paths_and_says_which(tmp_path):
+    path = make_codec_store(tmp_path / "auto.zarr", "zstd:3")
+    loader = zfeed.Loader(path, inputs=NAMES, targets=NAMES, batch_size=2, device="cuda", decode="auto")
+    for _ in range(2):
+        for batch in loader:
+            pass
+    decode = loader.stats()["device"]["decode"]
+    assert decode["asked"] == "auto" and decode["mode"] in ("cpu", "gpu")
+    assert decode["reason"].startswith("auto: ") and decode["auto_cpu_ms_per_batch"] > 0
