@@ -80,14 +80,14 @@ def plain_pinned_copy_gbps(nbytes: int, repeats: int = 10) -> float:
 
 
 def measure_loader(store: Path, device: str, dtype: str, batch_size: int, seconds: float, to_cuda: bool = False,
-                   warmup: int = 2) -> dict:
+                   warmup: int = 2, decode: str = "cpu") -> dict:
     """Delivered GB/s of one loader configuration: batches until `seconds` have passed (whole
     epochs repeat), the consumer touching each batch on its stream (as training would)."""
     import torch
     import zfeed
     loader = zfeed.Loader(store, inputs=VARIABLES, targets=VARIABLES, batch_size=batch_size, seed=0,
-                          dtype=dtype, device=device)
-    stream = torch.cuda.current_stream()
+                          dtype=dtype, device=device, decode=decode)
+    stream = torch.cuda.current_stream() if torch.cuda.is_available() else None
     batches = 0
     nbytes = 0
     epoch = 0
@@ -104,7 +104,8 @@ def measure_loader(store: Path, device: str, dtype: str, batch_size: int, second
                 x.view(-1)[:1].add_(0)  # a kernel on the consumer's stream that reads the batch
             batches += 1
             if batches == warmup:
-                stream.synchronize()
+                if stream is not None:
+                    stream.synchronize()
                 start = time.perf_counter()
                 stats_start = loader.stats()
                 batches_measured = 0
@@ -112,12 +113,13 @@ def measure_loader(store: Path, device: str, dtype: str, batch_size: int, second
                 continue
             if start is not None:
                 batches_measured += 1
-                nbytes += x.numel() * x.element_size() + y.numel() * y.element_size()
+                nbytes += x.nbytes + y.nbytes
                 if time.perf_counter() - start >= seconds:
-                    stream.synchronize()
+                    if stream is not None:
+                        stream.synchronize()
                     elapsed = time.perf_counter() - start
                     stats = loader.stats()
-                    row = {"device": device + (" + .to(cuda)" if to_cuda else ""), "dtype": dtype,
+                    row = {"device": device + (" + .to(cuda)" if to_cuda else ""), "dtype": dtype, "decode": decode,
                            "batch_size": batch_size, "batches": batches_measured, "seconds": elapsed,
                            "gb_per_s": nbytes / elapsed / 1e9,
                            "samples_per_s": batches_measured * batch_size / elapsed,
@@ -132,11 +134,12 @@ def measure_loader(store: Path, device: str, dtype: str, batch_size: int, second
         epoch += 1
 
 
-def run_recipe(store: Path, out: Path, steps: int, batch_size: int, extra: list[str]) -> dict | None:
+def run_recipe(store: Path, out: Path, steps: int, batch_size: int, extra: list[str],
+               device: str = "cuda") -> dict | None:
     json_path = out / "gpu_forecast.json"
     command = [sys.executable, "-m", "zfeed.recipes", "forecast", "--store", str(store), "--mode",
                "real,load-only,synthetic", "--steps", str(steps), "--batch-size", str(batch_size), "--no-val",
-               "--device", "cuda", "--log-every", "0", "--json", str(json_path), "--plot",
+               "--device", device, "--log-every", "0", "--json", str(json_path), "--plot",
                str(out / "gpu_forecast.png"), *extra]
     log("recipe: " + " ".join(command))
     done = subprocess.run(command, capture_output=True, text=True)
@@ -182,16 +185,26 @@ def main() -> int:
 
     if "loader" not in skip:
         rows = []
-        for device, dtype, to_cuda in (("cuda", "float32", False), ("cuda", "bfloat16", False),
-                                       ("cpu", "float32", True), ("cpu", "float32", False)):
-            log(f"loader: device={device} dtype={dtype}{' + .to(cuda)' if to_cuda else ''}")
-            rows.append(measure_loader(store, device, dtype, args.batch_size, args.seconds, to_cuda))
+        for device, dtype, to_cuda, decode in (("cuda", "float32", False, "cpu"), ("cuda", "float32", False, "gpu"),
+                                               ("cuda", "bfloat16", False, "gpu"), ("cuda", "float32", False, "auto"),
+                                               ("cpu", "float32", True, "cpu"), ("cpu", "float32", False, "cpu")):
+            log(f"loader: device={device} dtype={dtype} decode={decode}{' + .to(cuda)' if to_cuda else ''}")
+            try:
+                rows.append(measure_loader(store, device, dtype, args.batch_size, args.seconds, to_cuda,
+                                           decode=decode))
+            except Exception as error:  # one failed row must not cost the others
+                log(f"  failed: {error}")
+                continue
             log(f"  {rows[-1]['gb_per_s']:.2f} GB/s")
         result["loader"] = rows
-        lines += ["| loader | dtype | samples/s | GB/s delivered | goal |", "|---|---|---:|---:|---|"]
+        lines += ["| loader | dtype | decode | samples/s | GB/s delivered | decode in use | goal |",
+                  "|---|---|---|---:|---:|---|---|"]
         for r in rows:
             goal = "5 GB/s" if r["device"] == "cuda" else ""
-            lines.append(f"| {r['device']} | {r['dtype']} | {r['samples_per_s']:.1f} | {r['gb_per_s']:.2f} | {goal} |")
+            used = (r["stats"].get("device") or {}).get("decode", {})
+            in_use = f"{used.get('mode', 'cpu')}: {used.get('reason', '')}" if used else "cpu"
+            lines.append(f"| {r['device']} | {r['dtype']} | {r['decode']} | {r['samples_per_s']:.1f} | "
+                         f"{r['gb_per_s']:.2f} | {in_use} | {goal} |")
         lines.append("")
         first = rows[0]
         if "copy" not in skip and first.get("copy_gb_per_s"):
@@ -226,8 +239,8 @@ def main() -> int:
             import matplotlib
             matplotlib.use("Agg")
             import matplotlib.pyplot as plt
-            fig, ax = plt.subplots(figsize=(7, 3.5))
-            labels = [f"{r['device']}\n{r['dtype']}" for r in result["loader"]]
+            fig, ax = plt.subplots(figsize=(9, 4))
+            labels = [f"{r['device']}\n{r['dtype']}\ndecode {r['decode']}" for r in result["loader"]]
             ax.bar(labels, [r["gb_per_s"] for r in result["loader"]], color="#1f77b4")
             ax.axhline(5.0, color="gray", linestyle="--", label="goal 5 GB/s")
             ax.set_ylabel("decoded GB/s delivered")
