@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "zfeed/cuda/device.h"
+#include "zfeed/cuda/testing.h"
 #include "zfeed/util/error.h"
 
 #if ZFEED_HAVE_CUDA
@@ -25,12 +26,6 @@
 
 namespace zfeed::cuda {
 namespace {
-
-#define ZFEED_SKIP_WITHOUT_CUDA()                           \
-  do {                                                      \
-    const CudaStatus status_ = cuda_status();               \
-    if (!status_.available) GTEST_SKIP() << status_.reason; \
-  } while (0)
 
 TEST(CudaStatus, SaysClearlyWhyCudaIsUnavailable) {
   const CudaStatus status = cuda_status();

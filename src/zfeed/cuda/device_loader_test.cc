@@ -12,6 +12,7 @@
 
 #include "zfeed/cuda/check.h"
 #include "zfeed/cuda/device.h"
+#include "zfeed/cuda/testing.h"
 #include "zfeed/zarr/group.h"
 
 namespace zfeed::cuda {
@@ -90,12 +91,6 @@ std::vector<uint8_t> to_host(const void* device, size_t bytes) {
   check(cudaMemcpy(out.data(), device, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
   return out;
 }
-
-#define ZFEED_SKIP_WITHOUT_CUDA()                           \
-  do {                                                      \
-    const CudaStatus status_ = cuda_status();               \
-    if (!status_.available) GTEST_SKIP() << status_.reason; \
-  } while (0)
 
 TEST(CudaDeviceLoader, BatchesEqualTheCpuLoadersBitForBit) {
   ZFEED_SKIP_WITHOUT_CUDA();

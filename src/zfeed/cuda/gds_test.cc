@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "zfeed/cuda/device.h"
+#include "zfeed/cuda/testing.h"
 #include "zfeed/util/error.h"
 
 #if ZFEED_HAVE_CUDA
@@ -177,12 +178,6 @@ TEST(GdsReader, WithoutADeviceRefusesClearly) {
 }
 
 // --- with a GPU -------------------------------------------------------------------------------
-
-#define ZFEED_SKIP_WITHOUT_CUDA()                           \
-  do {                                                      \
-    const CudaStatus status_ = cuda_status();               \
-    if (!status_.available) GTEST_SKIP() << status_.reason; \
-  } while (0)
 
 // Byte i of the test files.
 uint8_t pattern(uint64_t i, uint8_t salt = 0) {
