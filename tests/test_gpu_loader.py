@@ -206,6 +206,8 @@ def test_a_corrupt_chunk_decoded_on_the_gpu_names_the_key_and_stops_cleanly(tmp_
     with pytest.raises(zfeed.ZarrError, match="u500/c/7/0/0"):  # the same batch again, not garbage
         for _ in loader:
             pass
+    device = loader.stats()["device"]  # the GPU path rejected it first, then the CPU failed on it
+    assert device["gpu_decode_failures"] >= 1 and "u500/c/7/0/0" in device["last_gpu_decode_error"]
 
 
 @needs_gpu

@@ -319,7 +319,8 @@ class Loader:
         bytes_to_device (raw values copied), bytes_delivered (in the output types), host_wait_s
         (waiting for host batches), copy_wait_s (waiting for a copy to free a host buffer), slots
         (device batch buffers), registered_bytes (host batch memory pinned), copy_s (GPU time of
-        the copies), chunks_gpu_decoded, bytes_gpu_decoded, compressed_to_device, and decode:
+        the copies), chunks_gpu_decoded, bytes_gpu_decoded, compressed_to_device,
+        gpu_decode_failures and last_gpu_decode_error (such batches decode again on the CPU), and decode:
         {asked, mode, reason, auto_cpu_ms_per_batch, auto_gpu_ms_per_batch}."""
         return json.loads(self._core.stats_json())
 

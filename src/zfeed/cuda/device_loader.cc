@@ -76,6 +76,8 @@ Json DeviceLoaderStats::to_json() const {
               {"chunks_gpu_decoded", chunks_gpu_decoded},
               {"bytes_gpu_decoded", bytes_gpu_decoded},
               {"compressed_to_device", compressed_to_device},
+              {"gpu_decode_failures", gpu_decode_failures},
+              {"last_gpu_decode_error", last_gpu_decode_error},
               {"decode",
                {{"asked", decode_asked},
                 {"mode", decode_mode},
@@ -237,7 +239,12 @@ bool DeviceLoader::enqueue() {
     stats_.bytes_to_device += out_planes * plane * out_raw;
   }
   if (!items_.empty()) {
-    decoder_->enqueue(items_, stream);
+    try {
+      decoder_->enqueue(items_, stream);  // checks every chunk's container first
+    } catch (const Error& error) {
+      fall_back_to_cpu(host.index, error);
+    }
+    pending_index_ = host.index;
     flight.gpu_decoded = true;
     stats_.chunks_gpu_decoded += items_.size();
     stats_.bytes_gpu_decoded += (gpu_in + gpu_out) * plane * 4;
@@ -303,6 +310,16 @@ void DeviceLoader::release_copied_host_batches(bool wait_for_all) {
 
 std::optional<DeviceBatch> DeviceLoader::next() {
   set_device(options_.device);
+  for (;;) {
+    try {
+      return next_batch();
+    } catch (const GpuDecodeFailed&) {
+      // The pipeline was reset to the first batch not handed out, which now decodes on the CPU.
+    }
+  }
+}
+
+std::optional<DeviceBatch> DeviceLoader::next_batch() {
   while (in_flight_.size() < options_.depth + 1 && !host_finished_) {
     if (!enqueue()) break;
   }
@@ -316,6 +333,11 @@ std::optional<DeviceBatch> DeviceLoader::next() {
     in_flight_.pop_front();
   }
   if (probing_) probe(flight);
+  if (cpu_until_ && flight.batch.index >= *cpu_until_) {  // the failed batch is out: GPU again
+    cpu_until_.reset();
+    host_->set_pass_compressed(probing_ ? probe_cpu_ms_.size() > kProbeBatches
+                                        : stats_.decode_mode == "gpu");
+  }
   copying_.push_back(std::move(flight.copy));
   release_copied_host_batches(false);
   ++handed_out_;
@@ -326,26 +348,36 @@ std::optional<DeviceBatch> DeviceLoader::next() {
 void DeviceLoader::finish_decode() {
   try {
     decoder_->finish();
-  } catch (...) {
-    // The batches in flight are dropped and the host loader goes back to the first batch not
-    // handed out: the next call reads it again (and fails again on a corrupt chunk), as the CPU
-    // path retries a failed batch.
-    const Json position = state();
-    drain();
-    host_->restore(position);
-    host_finished_ = false;
-    throw;
+  } catch (const Error& error) {
+    fall_back_to_cpu(pending_index_, error);
   }
+}
+
+void DeviceLoader::fall_back_to_cpu(uint64_t batch_index, const Error& error) {
+  // nvCOMP rejected a chunk. The batches in flight are dropped, the host loader goes back to the
+  // first batch not handed out, and the batches up to the failed one decode on the CPU: a corrupt
+  // chunk then fails there with the CPU path's error (and again on the next call, as the CPU
+  // path retries a failed batch); a chunk only nvCOMP rejects is served. GPU decoding resumes
+  // after the failed batch.
+  ++stats_.gpu_decode_failures;
+  stats_.last_gpu_decode_error = error.what();
+  const Json position = state();
+  drain();
+  host_->set_pass_compressed(false);
+  host_->restore(position);
+  host_finished_ = false;
+  cpu_until_ = batch_index;
+  throw GpuDecodeFailed{};
 }
 
 void DeviceLoader::probe(const InFlight& flight) {
   flight.slot->ready.synchronize();
   const double gpu_ms = flight.slot->ready.elapsed_ms_since(*flight.copy.started);
   const double cost = std::max(gpu_ms, static_cast<double>(flight.host_ns) * 1e-6);
-  constexpr size_t kMeasured = 3;
+  constexpr size_t kMeasured = kProbeBatches;
   auto& samples = flight.gpu_decoded ? probe_gpu_ms_ : probe_cpu_ms_;
   samples.push_back(cost);  // the first of each path is its warm-up
-  if (!flight.gpu_decoded && probe_cpu_ms_.size() == kMeasured + 1)
+  if (!flight.gpu_decoded && probe_cpu_ms_.size() == kMeasured + 1 && !cpu_until_)
     host_->set_pass_compressed(true);
   if (probe_gpu_ms_.size() < kMeasured + 1 || probe_cpu_ms_.size() < kMeasured + 1) return;
   auto mean = [](const std::vector<double>& v) {
@@ -356,7 +388,7 @@ void DeviceLoader::probe(const InFlight& flight) {
   stats_.auto_cpu_ms = mean(probe_cpu_ms_);
   stats_.auto_gpu_ms = mean(probe_gpu_ms_);
   const bool gpu = stats_.auto_gpu_ms < stats_.auto_cpu_ms;
-  host_->set_pass_compressed(gpu);
+  host_->set_pass_compressed(gpu && !cpu_until_);
   stats_.decode_mode = gpu ? "gpu" : "cpu";
   char text[160];
   std::snprintf(text, sizeof text, "auto: %.1f ms per batch decoding on the GPU, %.1f on the CPU",

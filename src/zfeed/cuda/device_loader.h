@@ -25,6 +25,7 @@
 #include "zfeed/cuda/copy_stream.h"
 #include "zfeed/cuda/gpu_decode.h"
 #include "zfeed/loader/loader.h"
+#include "zfeed/util/error.h"
 #include "zfeed/util/json.h"
 
 namespace zfeed::cuda {
@@ -102,6 +103,8 @@ struct DeviceLoaderStats {
   uint64_t chunks_gpu_decoded = 0;  // chunks decoded by nvCOMP
   uint64_t bytes_gpu_decoded = 0;
   uint64_t compressed_to_device = 0;  // compressed bytes copied for nvCOMP
+  uint64_t gpu_decode_failures = 0;   // batches nvCOMP (or the host's check) rejected a chunk of
+  std::string last_gpu_decode_error;
   // decode: what was asked, what runs ("cpu" or "gpu"), why; with "auto", the measured cost per
   // batch of each path (max of host assembly and GPU time, in ms).
   std::string decode_asked, decode_mode, decode_reason;
@@ -149,8 +152,11 @@ class DeviceLoader {
     uint64_t host_ns = 0;        // the host loader's assembly time
     DeviceSlot* slot = nullptr;  // for decode="auto"'s timing
   };
-  bool enqueue();        // one more batch onto the copy stream; false at the end of the epoch
-  void finish_decode();  // checks the last batch's GPU decode; on failure resets and throws
+  bool enqueue();             // one more batch onto the copy stream; false at the end of the epoch
+  struct GpuDecodeFailed {};  // the pipeline was reset: start again (next() catches it)
+  std::optional<DeviceBatch> next_batch();
+  void finish_decode();  // checks the last batch's GPU decode; on failure falls back to the CPU
+  [[noreturn]] void fall_back_to_cpu(uint64_t batch_index, const Error& error);
   void probe(const InFlight& flight);  // decode="auto": times the batch, decides when done
   void drain();                        // waits for the copy stream and drops everything in flight
   void release_copied_host_batches(bool wait_for_all);
@@ -174,6 +180,9 @@ class DeviceLoader {
   // decode="auto": batches measured per path (the first of each path is left out as warm-up).
   std::vector<double> probe_cpu_ms_, probe_gpu_ms_;
   bool probing_ = false;
+  static constexpr size_t kProbeBatches = 3;  // measured per path (after one warm-up each)
+  uint64_t pending_index_ = 0;                // the batch whose GPU decode is pending
+  std::optional<uint64_t> cpu_until_;         // decode on the CPU up to this batch (a failure)
 };
 
 }  // namespace zfeed::cuda
