@@ -33,6 +33,13 @@ def log(*args) -> None:
     print(*args, file=sys.stderr, flush=True)
 
 
+def emit(lines: list[str]) -> None:
+    """Prints the finished part of the Markdown section at once (a stage killed at its time limit
+    still leaves what it measured)."""
+    print("\n".join(lines), flush=True)
+    lines.clear()
+
+
 def find_zfeed() -> str:
     found = shutil.which("zfeed")
     if found:
@@ -157,7 +164,7 @@ def main() -> int:
     parser.add_argument("--grid", default="640x1280")
     parser.add_argument("--times", type=int, default=96)
     parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--seconds", type=float, default=8.0, help="measured seconds per loader row")
+    parser.add_argument("--seconds", type=float, default=6.0, help="measured seconds per loader row")
     parser.add_argument("--train-steps", type=int, default=30)
     parser.add_argument("--train-batch-size", type=int, default=8)
     parser.add_argument("--recipe-args", default="", help="extra arguments of the forecast recipe")
@@ -216,6 +223,8 @@ def main() -> int:
                       f"= {result['copy']['ratio']:.0%} (goal 90%)", ""]
         for r in rows:
             r["stats"] = {k: r["stats"].get(k) for k in ("read_s", "decode_s", "assemble_s", "wait_s", "device")}
+        emit(lines)
+        (args.out / "gpu_bench.json").write_text(json.dumps(result, indent=1, default=str))
 
     if "recipe" not in skip:
         extra = args.recipe_args.split() if args.recipe_args else []
@@ -250,7 +259,7 @@ def main() -> int:
             fig.savefig(args.out / "gpu_bench.png", dpi=120)
         except Exception as error:  # the numbers matter more than the picture
             log(f"plot failed: {error}")
-    print("\n".join(lines))
+    emit(lines)
     return 0
 
 
