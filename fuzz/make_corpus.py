@@ -81,6 +81,52 @@ def decoder_seeds() -> None:
     write_seed("blosc_fuzz", numcodecs.Blosc(cname="lz4", clevel=5, shuffle=1, blocksize=256).encode(np.frombuffer(smooth, dtype="<f4")))
     for payload in payloads[:3]:
         write_seed("blosc_fuzz", numcodecs.Blosc(cname="lz4").encode(np.frombuffer(payload, dtype="u1")))
+    frame_check_seeds(payloads)
+
+
+# ---- frame_check_fuzz: the GPU decoder's container checks (a 4-byte decoded size, then a stream) --
+
+
+def frame_check_seeds(payloads: list[bytes]) -> None:
+    """Every stored form gpu_payload checks, each behind the size it decodes to."""
+    import gzip
+    import io
+    import struct
+    import zlib
+
+    def seed(decoded: bytes, stored: bytes) -> None:
+        write_seed("frame_check_fuzz", struct.pack("<I", len(decoded)) + stored)
+
+    def zstd_frame(descriptor: int, header: bytes, blocks: list[tuple[int, bytes]]) -> bytes:
+        """A zstd frame by hand: (block type, content) blocks, the last one marked last."""
+        out = struct.pack("<IB", 0xFD2FB528, descriptor) + header
+        for i, (kind, content) in enumerate(blocks):
+            size = len(content) if kind == 0 else content[1]
+            last = 1 if i == len(blocks) - 1 else 0
+            out += struct.pack("<I", size << 3 | kind << 1 | last)[:3] + content[:1 if kind == 1 else None]
+        return out
+
+    text, zeros, smooth, noise = payloads[2], payloads[3], payloads[4], payloads[6]
+    for payload in (payloads[1], text, zeros, smooth, noise):
+        seed(payload, numcodecs.Zstd(level=1).encode(payload))
+        seed(payload, numcodecs.GZip(level=1).encode(payload))
+        seed(payload, numcodecs.Zlib(level=1).encode(payload))
+        lz4 = numcodecs.LZ4(acceleration=1).encode(payload)
+        seed(payload, lz4)  # numcodecs LZ4: size header, block
+        seed(payload, lz4[4:])  # a bare LZ4 block
+    seed(smooth, numcodecs.Zstd(level=9, checksum=True).encode(smooth))
+    # Without a content size (window 2 MiB): raw and RLE blocks; RLE content is (byte, run).
+    seed(text, zstd_frame(0x00, bytes([0x58]), [(0, text)]))
+    seed(b"a" * 200 + text, zstd_frame(0x04, bytes([0x58]), [(1, b"a" + bytes([200])), (0, text)]) + bytes(4))
+    # A single-segment frame with a 2-byte content size (stored minus 256), a raw block.
+    seed(smooth[:300], zstd_frame(0x60, struct.pack("<H", 300 - 256), [(0, smooth[:300])]))
+    # gzip with a file name, raw deflate.
+    with io.BytesIO() as buffer:
+        with gzip.GzipFile(fileobj=buffer, mode="wb", filename="t2m.bin", mtime=0) as f:
+            f.write(smooth)
+        seed(smooth, buffer.getvalue())
+    deflate = zlib.compressobj(6, zlib.DEFLATED, -15)
+    seed(smooth, deflate.compress(smooth) + deflate.flush())
 
 
 # ---- chunks written by zarr-python 3 for a given zarr.json ------------------------------------

@@ -9,9 +9,10 @@
 // behaviour there), so each chunk's container is checked on the host before it goes to the GPU:
 // the zstd frame structure (magic, header, every block header, the checksum field: a truncated
 // frame is caught here), the LZ4 size header, the gzip header and its size trailer, the zlib
-// header. Built only with CUDA (ZFEED_HAVE_CUDA); the decoding itself only with nvCOMP
-// (ZFEED_HAVE_NVCOMP): without it, decoding a non-empty batch throws UnsupportedError("GPU
-// decoding is unavailable: zfeed was built without nvCOMP ...").
+// header (zfeed/codec/frame_check.h, fuzzed by fuzz/frame_check_fuzz.cc). Built only with CUDA
+// (ZFEED_HAVE_CUDA); the decoding itself only with nvCOMP (ZFEED_HAVE_NVCOMP): without it, decoding
+// a non-empty batch throws UnsupportedError("GPU decoding is unavailable: zfeed was built without
+// nvCOMP ...").
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -23,25 +24,16 @@
 #include <string>
 #include <string_view>
 
+#include "zfeed/codec/frame_check.h"
 #include "zfeed/cuda/pinned_pool.h"
 
 namespace zfeed::cuda {
 
-// The stored forms nvCOMP decodes in one step.
-enum class GpuCodec : uint8_t {
-  kZstd,      // a zstd frame (v3 "zstd", v2 "zstd"), with or without a content size
-  kLz4,       // numcodecs' LZ4 (v2 "lz4", v3 "numcodecs.lz4"): a 4-byte little-endian decoded
-              // size, then an LZ4 block
-  kLz4Block,  // a bare LZ4 block
-  kGzip,      // RFC 1952 (v3 "gzip", v2 "gzip")
-  kZlib,      // RFC 1950 (v2 "zlib", v3 "numcodecs.zlib"): decoded as the raw deflate stream
-              // inside (its Adler-32 is not checked)
-  kDeflate,   // a raw RFC 1951 deflate stream
-};
-inline constexpr int kGpuCodecCount = 6;
-
-// "zstd", "lz4", "lz4 block", "gzip", "zlib", "deflate".
-const char* gpu_codec_name(GpuCodec codec);
+// The stored forms nvCOMP decodes in one step (kZstd, kLz4, kLz4Block, kGzip, kZlib, kDeflate),
+// and their names: declared CUDA-free in zfeed/codec/frame_check.h.
+using codec::gpu_codec_name;
+using codec::GpuCodec;
+using codec::kGpuCodecCount;
 
 // True when zfeed was built with nvCOMP (ZFEED_HAVE_NVCOMP).
 bool built_with_nvcomp();
@@ -54,14 +46,10 @@ std::string nvcomp_version();
 std::string gpu_decode_unavailable_reason();
 
 // The host's check of a chunk's container before it goes to the GPU, and the part of its stored
-// bytes that nvCOMP decodes: [offset, offset + size). `error` ("" when the chunk may go) says what
-// is wrong: "frame truncated at byte 1841 of at least 2048", "header says 100 bytes, expected
-// 4096", "not a zstd frame (magic 0x0badcafe)". Needs no GPU.
-struct GpuPayload {
-  size_t offset = 0, size = 0;
-  std::string error;
-};
-GpuPayload gpu_payload(GpuCodec codec, const uint8_t* data, size_t size, size_t decoded_size);
+// bytes nvCOMP decodes (gpu_payload(codec, data, size, decoded_size) -> GpuPayload{offset, size,
+// error}): CUDA-free, in zfeed/codec/frame_check.h, so that fuzz builds fuzz it.
+using codec::gpu_payload;
+using codec::GpuPayload;
 
 // One chunk of a batch.
 struct GpuDecodeItem {
