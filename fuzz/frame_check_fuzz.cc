@@ -19,6 +19,7 @@
 #include <lz4.h>
 #include <zstd.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -82,10 +83,10 @@ void must_accept(GpuCodec codec, const uint8_t* data, size_t size, size_t decode
 }
 
 // Whether every block of the zstd frame `data` (one whole frame, as libzstd found) says at most
-// 128 KiB. RFC 8878 limits every block, raw and RLE included, to Block_Maximum_Size (the smaller
-// of the window and 128 KiB; zstd's authors confirm it for RLE blocks in facebook/zstd#3072), but
-// libzstd 1.5.4 decodes longer RLE blocks: such frames are out of spec, and gpu_payload may reject
-// them. Written apart from gpu_payload's walk, from the format.
+// min(window, 128 KiB). RFC 8878 limits every block, raw and RLE included, to Block_Maximum_Size
+// (the smaller of the window and 128 KiB; zstd's authors confirm it for RLE blocks in
+// facebook/zstd#3072), but libzstd 1.5.4 decodes longer RLE blocks: such frames are out of spec,
+// and gpu_payload may reject them. Written apart from gpu_payload's walk, from the format.
 bool zstd_blocks_in_spec(const uint8_t* data, size_t size) {
   if (size < 5) return false;
   const uint8_t descriptor = data[4];
@@ -93,12 +94,24 @@ bool zstd_blocks_in_spec(const uint8_t* data, size_t size) {
   const bool single_segment = descriptor & 0x20u;
   const size_t fcs_bytes = fcs_flag == 0 ? (single_segment ? 1 : 0) : size_t{1} << fcs_flag;
   size_t pos = 5 + (single_segment ? 0 : 1) + (did_flag == 3 ? 4 : did_flag) + fcs_bytes;
+  if (pos > size) return false;
+  uint64_t limit = uint64_t{128} << 10;
+  if (single_segment) {
+    uint64_t content = 0;
+    for (size_t i = 0; i < fcs_bytes; ++i)
+      content |= uint64_t{data[pos - fcs_bytes + i]} << (8 * i);
+    if (fcs_bytes == 2) content += 256;
+    limit = std::min(limit, content);
+  } else {
+    const uint64_t base = uint64_t{1} << (10 + (data[5] >> 3));
+    limit = std::min(limit, base + base / 8 * (data[5] & 7u));
+  }
   for (;;) {
     if (pos + 3 > size) return false;
     const uint32_t header =
         data[pos] | uint32_t{data[pos + 1]} << 8 | uint32_t{data[pos + 2]} << 16;
     const size_t block_size = header >> 3;
-    if (block_size > (size_t{128} << 10)) return false;
+    if (block_size > limit) return false;
     pos += 3 + (((header >> 1) & 3u) == 1 ? 1 : block_size);
     if (header & 1u) return true;
   }
@@ -109,6 +122,11 @@ void zstd_oracle(const uint8_t* data, size_t size, size_t decoded_size) {
   if (size < 4 || data[0] != 0x28 || data[1] != 0xB5 || data[2] != 0x2F || data[3] != 0xFD) return;
   if (ZSTD_findFrameCompressedSize(data, size) != size) return;
   if (!zstd_blocks_in_spec(data, size)) return;
+  // An 8-byte content size of 2^64 - 1 is libzstd's "unknown" sentinel, so libzstd decodes such a
+  // frame whatever it holds; gpu_payload takes the field at its word and rejects the frame (it
+  // then decodes on the CPU): a safe disagreement, not a false rejection.
+  if (ZSTD_getFrameContentSize(data, size) == ZSTD_CONTENTSIZE_UNKNOWN && (data[4] >> 6) == 3)
+    return;
   if (decoded_size <= kMaxOracleBytes) {
     const size_t n = ZSTD_decompressDCtx(zstd_context(), scratch(), decoded_size, data, size);
     if (!ZSTD_isError(n) && n == decoded_size) {

@@ -1,6 +1,7 @@
 // The host's container checks of compressed chunks before nvCOMP sees them (see frame_check.h).
 #include "zfeed/codec/frame_check.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
 
@@ -64,7 +65,15 @@ std::string check_zstd(const uint8_t* data, size_t size, size_t decoded_size) {
   const size_t fcs_size = fcs_flag == 0 ? (single_segment ? 1 : 0) : size_t{1} << fcs_flag;
   const size_t header_end = pos + (single_segment ? 0 : 1) + did_size + fcs_size;
   if (header_end > size) return truncated(header_end);
-  if (!single_segment) ++pos;  // window descriptor
+  // Blocks are at most min(window size, 128 KiB) (RFC 8878 3.1.1.2); a single-segment frame's
+  // window is its content size.
+  uint64_t window = uint64_t{128} << 10;
+  if (!single_segment) {
+    const unsigned exponent = data[pos] >> 3, mantissa = data[pos] & 7u;
+    const uint64_t base = uint64_t{1} << (10 + exponent);
+    window = base + base / 8 * mantissa;
+    ++pos;
+  }
   if (const uint64_t dictionary = load_le(data + pos, did_size); dictionary != 0)
     return "frame needs dictionary " + std::to_string(dictionary) + " (not supported)";
   pos += did_size;
@@ -74,6 +83,7 @@ std::string check_zstd(const uint8_t* data, size_t size, size_t decoded_size) {
     if (content != decoded_size)
       return "frame says " + std::to_string(content) + " bytes, expected " +
              std::to_string(decoded_size);
+    if (single_segment) window = content;
   }
   pos += fcs_size;
   uint64_t regenerated = 0;  // by raw and RLE blocks, which say their size
@@ -86,9 +96,11 @@ std::string check_zstd(const uint8_t* data, size_t size, size_t decoded_size) {
     const unsigned type = (header >> 1) & 3u;
     const size_t block_size = header >> 3;
     if (type == 3) return "reserved block type at byte " + std::to_string(block_start);
-    if (block_size > (size_t{128} << 10))
+    const uint64_t block_limit = std::min<uint64_t>(window, uint64_t{128} << 10);
+    if (block_size > block_limit)
       return "block of " + std::to_string(block_size) + " bytes at byte " +
-             std::to_string(block_start) + " is larger than 128 KiB";
+             std::to_string(block_start) + " is larger than the frame allows (" +
+             std::to_string(block_limit) + ")";
     const size_t content = type == 1 ? 1 : block_size;
     if (pos + content > size) return truncated(pos + content);
     pos += content;
