@@ -97,3 +97,51 @@ def test_resume_with_gradient_lag_is_bit_identical(store, tmp_path):
     resumed = json.loads((tmp_path / "resumed.json").read_text())["runs"][0]
     assert resumed["losses"] == full["losses"]
     assert resumed["weights_sha256_by_rank"] == full["weights_sha256_by_rank"]
+
+
+# The common options of TINY without the model's.
+LOOP = TINY[TINY.index("--batch-size"):]
+DEEPLAB = ["--model", "deeplabv3plus", "--encoder", "resnet18", "--decoder-channels", "32"]
+
+
+@pytest.mark.parametrize("model", ["tiramisu", "deeplabv3plus"])
+def test_two_processes_gradient_lag_larc_disjoint_samples_identical_weights(store, tmp_path, model):
+    """torchrun, 2 processes on gloo: --gradient-lag (its own asynchronous all-reduce, DDP's off by
+    no_sync) with LARC. Each rank trains on its own shard of the samples, and the ranks end with the
+    same parameters (the lagged all-reduce averages the gradients; without it the ranks diverge) and
+    buffers (made rank 0's at the end). At batch 2 the split leaves some batches with one training
+    sample, which DeepLabv3+'s ASPP BatchNorm cannot take: that rank makes a stand-in step (zero
+    gradients, no times logged) while the other trains."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    prefix = tmp_path / "times"
+    out = tmp_path / "ddp.json"
+    options = TINY if model == "tiramisu" else [*DEEPLAB, *LOOP]
+    command = [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "zfeed.recipes",
+               "segment", "--store", store, *options, "--steps", "4", "--epochs", "2", "--gradient-lag", "--larc",
+               "--no-flops", "--times-log", str(prefix), "--json", str(out)]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=240)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["world_size"] == 2 and doc["model"] == model and doc["gradient_lag"] and doc["larc"]
+    (real,) = doc["runs"]
+    assert real["steps"] == 4 and len(real["losses"]) == 4 and all(math.isfinite(x) for x in real["losses"])
+    assert real["gradient_lag_updates"] == 3  # step 0 makes no update with lag 1
+    for key in ("parameters_sha256_by_rank", "weights_sha256_by_rank"):
+        digests = real[key]
+        assert len(digests) == 2 and digests[0] == digests[1], key
+    seen: dict = {}
+    steps = {0: 0, 1: 0}
+    for rank in (0, 1):
+        for line in filter(None, Path(f"{prefix}.rank{rank}").read_text().split("\n")):
+            epoch, _step, *times = (int(x) for x in line.split())
+            steps[rank] += 1
+            seen.setdefault((rank, epoch), []).extend(times)
+    assert steps == {0: 4, 1: 4}  # both ranks took every step
+    # A stand-in step logs no times; every rank trained on some samples, never on the other's.
+    assert all(any(seen.get((rank, e)) for e in (0, 1)) for rank in (0, 1)), seen
+    for epoch in {e for (_, e) in seen}:
+        a, b = seen.get((0, epoch), []), seen.get((1, epoch), [])
+        assert len(set(a)) == len(a) and len(set(b)) == len(b)
+        assert (a or b) and not set(a) & set(b), (epoch, a, b)
+        assert all(t < doc["split"] for t in a + b)
+    assert doc["validation"]["samples"] == 3 and doc["validation"]["mean_iou"] is not None
