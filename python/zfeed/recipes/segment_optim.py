@@ -40,9 +40,10 @@ plain one-step delay. Weights: ``w[k+1] = w[k] - update(g[k-1])``, ``g[k]`` comp
 
 With DistributedDataParallel, DDP must not all-reduce too: run every forward and backward inside
 ``ddp_model.no_sync()`` (:meth:`GradientLag.no_sync` returns it, or a null context for a plain
-module). DDP still broadcasts the initial weights at construction and the buffers (batch-norm
-statistics) every forward, and the ranks stay identical because every rank applies the same
-averaged gradients. Without DDP, call :func:`broadcast_parameters` once before training. DDP's own
+module). DDP still broadcasts the initial weights at construction; under ``no_sync`` it stops
+broadcasting the buffers after the first forward, so the batch-norm running statistics drift
+apart by rank during training (the recipe's ``train()`` makes them rank 0's at the end). The
+parameters stay identical because every rank applies the same averaged gradients. Without DDP, call :func:`broadcast_parameters` once before training. DDP's own
 overlap (bucketed all-reduce during backward) ends when backward ends; the lag buys the overlap of
 the whole all-reduce with the next step's data loading, forward and backward.
 
