@@ -263,6 +263,14 @@ ArrayStats compute_array_stats(const zarr::Array& array, const std::string& name
   };
 
   result.levels.assign(num_levels, RunningStats{});
+  if (level_dims.size() == 1 && meta.attributes.is_object() &&
+      meta.attributes.contains("variables")) {
+    const Json& names = meta.attributes["variables"];
+    if (names.is_array() && names.size() == num_levels &&
+        std::all_of(names.begin(), names.end(), [](const Json& n) { return n.is_string(); })) {
+      for (const Json& n : names) result.level_names.push_back(n.get<std::string>());
+    }
+  }
   ThreadPool& pool = ThreadPool::shared();
   const size_t group = std::max<size_t>(1, pool.size() * 4);
   for (size_t first = 0; first < blocks.size(); first += group) {
@@ -354,7 +362,10 @@ void print_stats_table(const std::vector<ArrayStats>& stats, std::ostream& out) 
     if (a.levels.empty()) {
       row(a.name, "-", a.total);
     } else {
-      for (size_t l = 0; l < a.levels.size(); ++l) row(a.name, std::to_string(l), a.levels[l]);
+      for (size_t l = 0; l < a.levels.size(); ++l) {
+        row(a.name, a.level_names.size() == a.levels.size() ? a.level_names[l] : std::to_string(l),
+            a.levels[l]);
+      }
     }
   }
 }

@@ -43,6 +43,9 @@ struct ArrayStats {
   uint64_t time_start = 0, time_stop = 0;
   RunningStats total;
   std::vector<RunningStats> levels;  // one per level (empty without a level dimension)
+  // The levels' names where the array says them: a stacked array's "variables" attribute (one
+  // name per index along its one level dimension); else empty, and tables show indices.
+  std::vector<std::string> level_names;
 
   // {"mean", "std", "min", "max", "count", "nan_count", "time_range": [a, b]}; with a level
   // dimension each of the first six is a list over levels and "level_dim" names the dimension.

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <random>
+#include <sstream>
 
 #include "zfeed/util/testing.h"
 #include "zfeed/zarr/group.h"
@@ -147,6 +148,18 @@ TEST(ArrayStats, PerLevelTimeRangeAndAttributes) {
   EXPECT_EQ(json["level_dim"], "level");
   EXPECT_EQ(json["mean"].size(), nl);
   EXPECT_EQ(json["time_range"], Json::array({1, 5}));
+
+  // Levels print as indices; a stacked array's "variables" attribute names them.
+  std::ostringstream table;
+  print_stats_table({s}, table);
+  EXPECT_CONTAINS(table.str(), "\nt                2 ");
+  auto stacked = zarr::Array::open(store, "t");
+  stacked.set_attributes(Json{{"variables", {"t2m", "u500", "z500"}}});
+  ArrayStats named = compute_array_stats(zarr::Array::open(store, "t"), "data", options);
+  EXPECT_EQ(named.level_names, (std::vector<std::string>{"t2m", "u500", "z500"}));
+  std::ostringstream named_table;
+  print_stats_table({named}, named_table);
+  EXPECT_CONTAINS(named_table.str(), "\ndata             z500 ");
 
   ArrayStats f = compute_array_stats(zarr::Array::open(store, "flat"), "flat", StatsOptions{});
   EXPECT_FALSE(f.level_dim);
