@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu_bench_util.h"
 #include "zfeed/cuda/check.h"
 #include "zfeed/cuda/copy_stream.h"
 #include "zfeed/cuda/device.h"
@@ -115,11 +116,8 @@ Row run(const char* what, GdsPolicy policy, const std::string& path, DeviceBuffe
 }  // namespace
 
 int main(int argc, char** argv) {
-  const CudaStatus cuda = cuda_status();
-  if (!cuda.available) {
-    std::printf("no GPU: %s\n", cuda.reason.c_str());
-    return 3;
-  }
+  const CudaStatus cuda = usable_cuda_or_say_why();
+  if (!cuda.available) return 3;
   TempFile file{argc > 1 ? argv[1] : "zfeed_gds_bench.tmp"};
   const size_t bytes = (argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 1024) << 20;
   try {

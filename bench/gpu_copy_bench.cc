@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu_bench_util.h"
 #include "zfeed/cuda/cast_kernels.h"
 #include "zfeed/cuda/check.h"
 #include "zfeed/cuda/copy_stream.h"
@@ -47,11 +48,8 @@ void row(const char* what, size_t bytes, double gbps, const char* note = "") {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const CudaStatus status = cuda_status();
-  if (!status.available) {
-    std::printf("no GPU: %s\n", status.reason.c_str());
-    return 3;
-  }
+  const CudaStatus status = usable_cuda_or_say_why();
+  if (!status.available) return 3;
   const size_t bytes = (argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 1024) << 20;  // MiB
   const DeviceInfo& device = status.devices[0];
   std::printf("device 0: %s, compute %d.%d, %zu MiB, %d SMs; runtime %d, driver %d\n\n",

@@ -27,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include "gpu_bench_util.h"
 #include "zfeed/cuda/check.h"
 #include "zfeed/cuda/copy_stream.h"
 #include "zfeed/cuda/device.h"
@@ -182,11 +183,8 @@ long first_mismatch(const std::vector<Buffer>& originals, const uint8_t* decoded
 }  // namespace
 
 int main(int argc, char** argv) {
-  const CudaStatus status = cuda_status();
-  if (!status.available) {
-    std::printf("no GPU: %s\n", status.reason.c_str());
-    return 3;
-  }
+  const CudaStatus status = usable_cuda_or_say_why();
+  if (!status.available) return 3;
   if (!built_with_nvcomp()) {
     std::printf("no GPU decoding: %s\n", gpu_decode_unavailable_reason().c_str());
     return 3;
