@@ -157,13 +157,13 @@ def test_torch_dataset_on_the_gpu(store):
     assert len(batches) == len(dataset) and all(b["inputs"].is_cuda for b in batches)
 
 
-def make_codec_store(path, compressor):
+def make_codec_store(path, compressor, shards=None):
     root = zfeed.create_group(path)
     rng = np.random.default_rng(5)
     for k, name in enumerate(NAMES):
         values = (100.0 * k + np.cumsum(rng.standard_normal((T, LAT, LON)), axis=2) * (k + 1)).astype("float32")
-        root.create_array(name, shape=values.shape, chunks=(1, LAT, LON), dtype="float32", compressor=compressor,
-                          dimension_names=["time", "latitude", "longitude"], data=values,
+        root.create_array(name, shape=values.shape, chunks=(1, LAT, LON), shards=shards, dtype="float32",
+                          compressor=compressor, dimension_names=["time", "latitude", "longitude"], data=values,
                           attributes={"zfeed_stats": {"mean": 100.0 * k, "std": float(k + 1)}})
     return path
 
@@ -192,6 +192,19 @@ def test_gpu_decoded_batches_equal_the_cpu_loaders(tmp_path, compressor, dtype):
         assert decode["chunks_gpu_decoded"] == 0 and "nvCOMP" in decode["decode"]["reason"]
     else:
         assert decode["decode"]["mode"] == "gpu" and decode["chunks_gpu_decoded"] > 0
+
+
+@needs_gpu
+def test_inner_chunks_of_shards_decode_on_the_gpu(tmp_path):
+    path = make_codec_store(tmp_path / "sharded.zarr", "zstd:3", shards=(8, LAT, LON))
+    args = dict(inputs=NAMES, targets=NAMES, batch_size=4, seed=3, drop_last=False)
+    for want, got in zip(zfeed.Loader(path, **args), zfeed.Loader(path, device="cuda", decode="gpu", **args),
+                         strict=True):
+        np.testing.assert_array_equal(bits(torch_to_numpy(got["inputs"])), bits(want["inputs"]))
+    # (the loader above is gone: read the stats of a fresh one after one batch)
+    loader = zfeed.Loader(path, device="cuda", decode="gpu", **args)
+    next(iter(loader))
+    assert loader.stats()["device"]["chunks_gpu_decoded"] > 0
 
 
 @needs_gpu

@@ -107,8 +107,8 @@ DeviceLoader::DeviceLoader(loader::LoaderSpec spec, DeviceLoaderOptions options)
     stats_.decode_reason = "GPU decoding is unavailable: " + unavailable;
   } else {
     spec.pass_compressed = [](const zarr::Array& array) {
-      const GpuDecodePlan plan = gpu_decode_plan(array);
-      return plan.gpu && !plan.inner_chunks;
+      // A sharded array's inner chunks go the same way: the host reads each one's byte range.
+      return gpu_decode_plan(array).gpu;
     };
   }
   // The batches in flight on the copy stream hold host buffers too.

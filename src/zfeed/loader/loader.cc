@@ -822,11 +822,6 @@ void Loader::assemble(uint64_t epoch, std::span<const uint64_t> times, void* inp
         chunk.offset = static_cast<uint64_t>(piece.dst - (chunk.target ? targets : inputs));
         chunk.decoded_size = plane * 4;
         chunk.array = static_cast<uint32_t>(piece.array);
-        std::vector<uint64_t> index_of_chunk = {piece.time};
-        if (piece.level) index_of_chunk.push_back(*piece.level);
-        index_of_chunk.push_back(0);
-        index_of_chunk.push_back(0);
-        chunk.key = arrays_[piece.array].chunk_key(index_of_chunk);
         piece.compressed = static_cast<int64_t>(index);
       }
     }
@@ -851,7 +846,12 @@ void Loader::read_direct(std::span<const Piece> pieces, BatchMemory* memory) {
       IoCounters& io = thread_io_counters();
       const IoCounters io_before = io;
       const auto start = Clock::now();
-      const bool found = array.store()->get_into(chunk.key, {}, chunk.data);
+      // The read chunk holds exactly this plane: its index is (time, level, 0, 0).
+      std::vector<uint64_t> index = {piece.time};
+      if (piece.level) index.push_back(*piece.level);
+      index.push_back(0);
+      index.push_back(0);
+      const bool found = array.read_stored(index, chunk.data, &chunk.key);
       const uint64_t io_ns = io.read_ns - io_before.read_ns;
       shared_->read_ns += std::max(io_ns, elapsed_ns(start));
       shared_->bytes_read += found ? chunk.data.size() : 0;

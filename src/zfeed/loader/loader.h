@@ -94,8 +94,9 @@ struct LoaderSpec {
   // Channel::normalization() says what to apply; `dtype` is then the consumer's output type.
   bool defer_normalization = false;
   // Arrays whose chunks the consumer decodes (the GPU path, cuda::DeviceLoader with decode="gpu"):
-  // where this says yes for an array of float32 values whose chunks each hold exactly one whole
-  // plane of a batch (no crop), the loader reads the stored chunk and hands it over in
+  // where this says yes for an array of float32 values whose read chunks (inner chunks where
+  // sharded) each hold exactly one whole plane of a batch (no crop), the loader reads the stored
+  // chunk (by range inside its shard) and hands it over in
   // BatchMemory::compressed instead of decoding it; the plane in the batch buffer is left as it
   // is. Only with defer_normalization, and while set_pass_compressed(true).
   std::function<bool(const zarr::Array&)> pass_compressed;
@@ -125,7 +126,7 @@ struct CompressedChunk {
   uint64_t offset = 0;        // the byte offset of its plane in that buffer
   uint64_t decoded_size = 0;  // bytes it decodes to; 0: absent, the loader filled the plane
   uint32_t array = 0;         // Loader::array(index)
-  std::string key;            // its store key
+  std::string key;            // where it is stored (key, and byte range inside a shard)
   Bytes data;                 // its stored bytes
 };
 

@@ -505,6 +505,79 @@ TEST(Loader, DeferredNormalizationThenTheCastEqualsTheCpuPath) {
   }
 }
 
+// The host half of decode="gpu": chunks handed over compressed (plain chunks, and inner chunks
+// of shards read by range) decode, with the array's read codecs, to exactly the planes the loader
+// would have written; arrays that do not qualify (float64, int16) are decoded by the loader as
+// before, and an absent chunk's plane is filled by the loader.
+TEST(Loader, ChunksHandedOverCompressedDecodeToTheSamePlanes) {
+  auto store = make_store();
+  // t2m again, sharded: shards of 4 time steps, one plane per inner chunk.
+  Json json = {
+      {"zarr_format", 3},
+      {"node_type", "array"},
+      {"shape", {kTimes, kLat, kLon}},
+      {"data_type", "float32"},
+      {"chunk_grid", {{"name", "regular"}, {"configuration", {{"chunk_shape", {4, kLat, kLon}}}}}},
+      {"chunk_key_encoding", {{"name", "default"}}},
+      {"fill_value", 0},
+      {"codecs", Json::parse(R"([{"name": "sharding_indexed", "configuration": {
+                  "chunk_shape": [1, 6, 8],
+                  "codecs": [{"name": "bytes", "configuration": {"endian": "little"}},
+                             {"name": "zstd", "configuration": {"level": 1}}],
+                  "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}},
+                                   {"name": "crc32c"}]}}])")},
+      {"attributes", Json::object()}};
+  auto sharded = zarr::Array::create(store, "t2m_sharded", zarr::ArrayMetadata::parse_v3(json));
+  std::vector<float> values(kTimes * kLat * kLon);
+  zarr::Array::open(store, "t2m").read(sharded.full_selection(), values.data());
+  sharded.write(sharded.full_selection(), values.data());
+  store->erase("t2m/c/5/0/0");  // absent: the fill value, written by the loader
+
+  auto spec = base_spec(store);
+  spec.inputs.push_back(var("t2m_sharded"));
+  spec.defer_normalization = true;
+  Loader reference(spec);
+  spec.pass_compressed = [](const zarr::Array&) { return true; };
+  Loader passing(spec);
+  ASSERT_TRUE(passing.set_pass_compressed(true));
+  const auto in = passing.input_shape(), out = passing.target_shape();
+  const size_t plane_bytes = in[2] * in[3] * 4;
+  uint64_t handed_over = 0, absent = 0;
+  bool saw_shard_range = false;
+  while (auto batch = passing.next()) {
+    auto want = reference.next();
+    ASSERT_TRUE(want);
+    const BatchMemory& memory = *batch->memory;
+    for (size_t i = 0; i < memory.compressed_count; ++i) {
+      const CompressedChunk& chunk = memory.compressed[i];
+      if (chunk.decoded_size == 0) {
+        ++absent;
+        continue;
+      }
+      ASSERT_EQ(chunk.decoded_size, plane_bytes);
+      uint8_t* dst = (chunk.target ? batch->target_bytes() : batch->input_bytes()) + chunk.offset;
+      passing.array(chunk.array).read_codecs().decode(chunk.data, dst);
+      saw_shard_range = saw_shard_range || chunk.key.find("t2m_sharded/c/") != std::string::npos;
+      ++handed_over;
+    }
+    ASSERT_EQ(
+        std::memcmp(batch->input_bytes(), want->input_bytes(), batch->size * in[1] * plane_bytes),
+        0);
+    ASSERT_EQ(std::memcmp(batch->target_bytes(), want->target_bytes(),
+                          batch->size * out[1] * plane_bytes),
+              0);
+  }
+  EXPECT_GT(handed_over, 0u);
+  EXPECT_GT(absent, 0u);  // t2m at time 5 was asked for at least once
+  EXPECT_TRUE(saw_shard_range);
+  EXPECT_EQ(passing.stats().chunks_passed, handed_over);
+  // Crops read parts of chunks: nothing qualifies, and the loader says why.
+  spec.crop = Crop{1, 4, 2, 5};
+  Loader cropped(spec);
+  EXPECT_FALSE(cropped.set_pass_compressed(true));
+  EXPECT_CONTAINS(cropped.pass_compressed_reason(), "crops");
+}
+
 TEST(Loader, IntegerTargetsWithoutStatisticsAreLabels) {
   auto store = make_store();
   auto labels = zarr::Array::create(store, "labels", meta("uint8", {kTimes, kLat, kLon}));

@@ -13,15 +13,16 @@ namespace zfeed::zarr {
 namespace {
 
 bool is_metadata_key(std::string_view name) {
-  return name == "zarr.json" || name == ".zarray" || name == ".zattrs" || name == ".zgroup" || name == ".zmetadata";
+  return name == "zarr.json" || name == ".zarray" || name == ".zattrs" || name == ".zgroup" ||
+         name == ".zmetadata";
 }
 
 // The part of a selection along one dimension that falls in one chunk.
 struct Piece {
-  uint64_t chunk;     // chunk index along the dimension
-  uint64_t start;     // first selected position inside the chunk
-  uint64_t out_start; // its position in the selection
-  uint64_t count;     // selected elements inside the chunk
+  uint64_t chunk;      // chunk index along the dimension
+  uint64_t start;      // first selected position inside the chunk
+  uint64_t out_start;  // its position in the selection
+  uint64_t count;      // selected elements inside the chunk
 };
 
 std::vector<Piece> split(const Slice& slice, uint64_t chunk_size) {
@@ -31,7 +32,8 @@ std::vector<Piece> split(const Slice& slice, uint64_t chunk_size) {
   while (k < n) {
     uint64_t position = slice.start + k * slice.step;
     uint64_t chunk = position / chunk_size;
-    uint64_t chunk_end = chunk + 1 > UINT64_MAX / chunk_size ? UINT64_MAX : (chunk + 1) * chunk_size;
+    uint64_t chunk_end =
+        chunk + 1 > UINT64_MAX / chunk_size ? UINT64_MAX : (chunk + 1) * chunk_size;
     uint64_t m = std::min((chunk_end - position + slice.step - 1) / slice.step, n - k);
     pieces.push_back({chunk, position - chunk * chunk_size, k, m});
     k += m;
@@ -89,12 +91,17 @@ struct Source {
     if (!windowed) return store.get_into(key, range, out);
     ByteRange absolute;
     switch (range.kind) {
-      case ByteRange::Kind::kAll: absolute = ByteRange::range(offset, length); break;
-      case ByteRange::Kind::kRange: absolute = ByteRange::range(offset + range.offset, range.length); break;
+      case ByteRange::Kind::kAll:
+        absolute = ByteRange::range(offset, length);
+        break;
+      case ByteRange::Kind::kRange:
+        absolute = ByteRange::range(offset + range.offset, range.length);
+        break;
       case ByteRange::Kind::kSuffix:
         if (range.length > length) {
           throw Error(store.url() + "/" + key + ": inner chunk of " + std::to_string(length) +
-                      " bytes is too short for a " + std::to_string(range.length) + "-byte shard index");
+                      " bytes is too short for a " + std::to_string(range.length) +
+                      "-byte shard index");
         }
         absolute = ByteRange::range(offset + length - range.length, range.length);
         break;
@@ -106,7 +113,8 @@ struct Source {
   }
   std::string where() const {
     std::string text = store.url() + "/" + key;
-    if (windowed) text += " (bytes " + std::to_string(offset) + ".." + std::to_string(offset + length) + ")";
+    if (windowed)
+      text += " (bytes " + std::to_string(offset) + ".." + std::to_string(offset + length) + ")";
     return text;
   }
 };
@@ -139,8 +147,8 @@ void read_region(const CodecChain& chain, const Source& source, const Region& re
     ShardIndex index;
     try {
       // Bound every entry by the shard's size, so a corrupt index is reported as such.
-      std::optional<uint64_t> shard_size = source.windowed ? std::optional<uint64_t>(source.length)
-                                                           : source.store.size(source.key);
+      std::optional<uint64_t> shard_size =
+          source.windowed ? std::optional<uint64_t>(source.length) : source.store.size(source.key);
       index = sharding->decode_index(index_bytes.bytes(), shard_size);
     } catch (...) {
       rethrow_with_context(source.where());
@@ -148,7 +156,8 @@ void read_region(const CodecChain& chain, const Source& source, const Region& re
     Plan plan;
     const auto& inner_shape = sharding->inner_shape();
     for (size_t d = 0; d < rank; ++d) {
-      Slice slice{region.start[d], region.start[d] + (region.count[d] - 1) * region.step[d] + 1, region.step[d]};
+      Slice slice{region.start[d], region.start[d] + (region.count[d] - 1) * region.step[d] + 1,
+                  region.step[d]};
       plan.pieces.push_back(split(slice, inner_shape[d]));
     }
     const auto& grid = sharding->chunks_per_shard();
@@ -166,10 +175,12 @@ void read_region(const CodecChain& chain, const Source& source, const Region& re
         inner_out_start[d] = out_start[d] + pieces[d]->out_start;
       }
       if (index.is_empty(linear)) {
-        fill_box(out, BoxRef{out_shape, inner_out_start}, inner.count, spec.fill.bytes.data(), item);
+        fill_box(out, BoxRef{out_shape, inner_out_start}, inner.count, spec.fill.bytes.data(),
+                 item);
         return;
       }
-      Source inner_source{source.store, source.key, true, source.offset + index.offset(linear), index.nbytes(linear)};
+      Source inner_source{source.store, source.key, true, source.offset + index.offset(linear),
+                          index.nbytes(linear)};
       read_region(sharding->inner(), inner_source, inner, out, out_shape, inner_out_start);
     });
     return;
@@ -177,7 +188,8 @@ void read_region(const CodecChain& chain, const Source& source, const Region& re
 
   if (chain.is_identity() && direct && !source.windowed) {
     // Uncompressed and in place: read the file straight into the output.
-    if (!source.store.read_into(source.key, {direct_out, static_cast<size_t>(spec.num_bytes())})) fill_region();
+    if (!source.store.read_into(source.key, {direct_out, static_cast<size_t>(spec.num_bytes())}))
+      fill_region();
     return;
   }
   ScratchBuffer encoded;
@@ -189,7 +201,8 @@ void read_region(const CodecChain& chain, const Source& source, const Region& re
     }
     ScratchBuffer decoded(spec.num_bytes());
     chain.decode(encoded.bytes(), decoded.data());
-    copy_box(decoded.data(), BoxRef{spec.shape, region.start, region.step}, out, out_box, region.count, item);
+    copy_box(decoded.data(), BoxRef{spec.shape, region.start, region.step}, out, out_box,
+             region.count, item);
   } catch (...) {
     rethrow_with_context(source.where());
   }
@@ -197,15 +210,17 @@ void read_region(const CodecChain& chain, const Source& source, const Region& re
 
 void check_selection(const Selection& selection, const ArrayMetadata& meta) {
   if (selection.size() != meta.rank()) {
-    throw Error("selection has " + std::to_string(selection.size()) + " dimensions, the array has " +
-                std::to_string(meta.rank()));
+    throw Error("selection has " + std::to_string(selection.size()) +
+                " dimensions, the array has " + std::to_string(meta.rank()));
   }
   for (size_t d = 0; d < selection.size(); ++d) {
     const Slice& s = selection[d];
-    if (s.step == 0) throw Error("selection step must be positive (dimension " + std::to_string(d) + ")");
+    if (s.step == 0)
+      throw Error("selection step must be positive (dimension " + std::to_string(d) + ")");
     if (s.start > s.stop || s.stop > meta.shape[d]) {
-      throw Error("selection " + std::to_string(s.start) + ":" + std::to_string(s.stop) + " is out of bounds for dimension " +
-                  std::to_string(d) + " of extent " + std::to_string(meta.shape[d]));
+      throw Error("selection " + std::to_string(s.start) + ":" + std::to_string(s.stop) +
+                  " is out of bounds for dimension " + std::to_string(d) + " of extent " +
+                  std::to_string(meta.shape[d]));
     }
   }
 }
@@ -226,11 +241,14 @@ std::string normalize_path(std::string_view path) {
 }
 
 Array::Array(std::shared_ptr<Store> store, std::string path, ArrayMetadata metadata)
-    : store_(std::move(store)), path_(std::move(path)), metadata_(std::make_shared<ArrayMetadata>(std::move(metadata))) {
+    : store_(std::move(store)),
+      path_(std::move(path)),
+      metadata_(std::make_shared<ArrayMetadata>(std::move(metadata))) {
   chain_ = std::make_shared<const CodecChain>(metadata_->codec_chain());
 }
 
-Array Array::from_metadata(std::shared_ptr<Store> store, const std::string& path, ArrayMetadata metadata) {
+Array Array::from_metadata(std::shared_ptr<Store> store, const std::string& path,
+                           ArrayMetadata metadata) {
   return Array(std::move(store), normalize_path(path), std::move(metadata));
 }
 
@@ -256,7 +274,8 @@ Array Array::open(std::shared_ptr<Store> store, const std::string& path_in) {
       Json zarray = parse_json(bytes->as_string(), "invalid JSON");
       Json zattrs;
       std::string attrs_key = join_key(path, ".zattrs");
-      if (auto attrs = store->get(attrs_key)) zattrs = parse_json(attrs->as_string(), attrs_key + ": invalid JSON");
+      if (auto attrs = store->get(attrs_key))
+        zattrs = parse_json(attrs->as_string(), attrs_key + ": invalid JSON");
       return Array(store, path, ArrayMetadata::parse_v2(zarray, zattrs));
     } catch (...) {
       rethrow_with_context(where);
@@ -279,21 +298,25 @@ void Array::write_metadata() const {
   }
 }
 
-Array Array::create(std::shared_ptr<Store> store, const std::string& path_in, ArrayMetadata metadata, bool overwrite) {
+Array Array::create(std::shared_ptr<Store> store, const std::string& path_in,
+                    ArrayMetadata metadata, bool overwrite) {
   std::string path = normalize_path(path_in);
   metadata.validate();
-  const bool exists = store->size(join_key(path, "zarr.json")) || store->size(join_key(path, ".zarray")) ||
+  const bool exists = store->size(join_key(path, "zarr.json")) ||
+                      store->size(join_key(path, ".zarray")) ||
                       store->size(join_key(path, ".zgroup"));
   if (exists) {
     if (!overwrite) {
-      throw Error(store->url() + "/" + path + ": a Zarr node already exists here (pass overwrite to replace it)");
+      throw Error(store->url() + "/" + path +
+                  ": a Zarr node already exists here (pass overwrite to replace it)");
     }
     store->erase_prefix(path.empty() ? "" : path + "/");
   }
   // Parent groups, as zarr-python creates them.
   if (!path.empty()) {
     std::vector<std::string> parents{""};
-    for (size_t slash = path.find('/'); slash != std::string::npos; slash = path.find('/', slash + 1)) {
+    for (size_t slash = path.find('/'); slash != std::string::npos;
+         slash = path.find('/', slash + 1)) {
       parents.push_back(path.substr(0, slash));
     }
     for (const auto& parent : parents) {
@@ -302,7 +325,8 @@ Array Array::create(std::shared_ptr<Store> store, const std::string& path_in, Ar
         continue;
       }
       if (metadata.zarr_format == 3) {
-        store->set(join_key(parent, "zarr.json"), as_bytes(dump_json(GroupMetadata{}.to_json_v3())));
+        store->set(join_key(parent, "zarr.json"),
+                   as_bytes(dump_json(GroupMetadata{}.to_json_v3())));
       } else {
         store->set(join_key(parent, ".zgroup"), as_bytes("{\n  \"zarr_format\": 2\n}"));
       }
@@ -337,13 +361,62 @@ std::string Array::chunk_key(std::span<const uint64_t> chunk_index) const {
   return join_key(path_, metadata_->key_encoding.encode(chunk_index));
 }
 
+const CodecChain& Array::read_codecs() const {
+  const CodecChain* chain = chain_.get();
+  while (const ShardingCodec* sharding = chain->sharding()) chain = &sharding->inner();
+  return *chain;
+}
+
+bool Array::read_stored(std::span<const uint64_t> read_chunk_index, Bytes& out,
+                        std::string* where) const {
+  const ShardingCodec* sharding = chain_->sharding();
+  if (!sharding) {
+    const std::string key = chunk_key(read_chunk_index);
+    if (where) *where = store_->url() + "/" + key;
+    return store_->get_into(key, ByteRange::all(), out);
+  }
+  if (sharding->inner().sharding()) {
+    throw UnsupportedError(path_ + ": read_stored: nested sharding is not supported");
+  }
+  const auto& grid = sharding->chunks_per_shard();
+  const size_t rank = grid.size();
+  if (read_chunk_index.size() != rank) {
+    throw Error(path_ + ": read_stored: chunk index of " + std::to_string(read_chunk_index.size()) +
+                " dimensions for a " + std::to_string(rank) + "-dimensional array");
+  }
+  std::vector<uint64_t> shard(rank);
+  uint64_t linear = 0;
+  for (size_t d = 0; d < rank; ++d) {
+    shard[d] = read_chunk_index[d] / grid[d];
+    linear = linear * grid[d] + read_chunk_index[d] % grid[d];
+  }
+  const Source source{*store_, chunk_key(shard)};
+  if (where) *where = source.where() + " (inner chunk " + std::to_string(linear) + ")";
+  ScratchBuffer index_bytes;
+  const ByteRange index_range = sharding->index_at_end()
+                                    ? ByteRange::suffix(sharding->index_size())
+                                    : ByteRange::range(0, sharding->index_size());
+  if (!source.fetch(index_range, index_bytes.bytes())) return false;
+  ShardIndex index;
+  try {
+    index = sharding->decode_index(index_bytes.bytes(), store_->size(source.key));
+  } catch (...) {
+    rethrow_with_context(source.where());
+  }
+  if (index.is_empty(linear)) return false;
+  const Source inner{*store_, source.key, true, index.offset(linear), index.nbytes(linear)};
+  if (where) *where = inner.where();
+  return inner.fetch(ByteRange::all(), out);
+}
+
 void Array::read(const Selection& selection, void* out) const {
   read_many({&selection, 1}, {&out, 1});
 }
 
 void Array::read_many(std::span<const Selection> selections, std::span<void* const> outs) const {
   const ArrayMetadata& meta = *metadata_;
-  if (selections.size() != outs.size()) throw Error("read_many: selections and outputs differ in number");
+  if (selections.size() != outs.size())
+    throw Error("read_many: selections and outputs differ in number");
   const size_t rank = meta.rank();
   struct Request {
     const Selection* selection;
@@ -355,7 +428,8 @@ void Array::read_many(std::span<const Selection> selections, std::span<void* con
   std::vector<uint64_t> first_task{0};  // prefix sums of the task counts
   for (size_t i = 0; i < selections.size(); ++i) {
     check_selection(selections[i], meta);
-    Request request{&selections[i], static_cast<uint8_t*>(outs[i]), std::vector<uint64_t>(rank), {}};
+    Request request{
+        &selections[i], static_cast<uint8_t*>(outs[i]), std::vector<uint64_t>(rank), {}};
     bool empty = false;
     for (size_t d = 0; d < rank; ++d) {
       request.out_shape[d] = selections[i][d].count();
@@ -367,7 +441,8 @@ void Array::read_many(std::span<const Selection> selections, std::span<void* con
     requests.push_back(std::move(request));
   }
   ThreadPool::shared().parallel_for(first_task.back(), [&](size_t task) {
-    size_t r = std::upper_bound(first_task.begin(), first_task.end(), task) - first_task.begin() - 1;
+    size_t r =
+        std::upper_bound(first_task.begin(), first_task.end(), task) - first_task.begin() - 1;
     const Request& request = requests[r];
     std::vector<const Piece*> pieces;
     request.plan.task(task - first_task[r], pieces);
@@ -412,8 +487,10 @@ void Array::write(const Selection& selection, const void* in_ptr) const {
       count[d] = pieces[d]->count;
       uint64_t origin = chunk_index[d] * meta.chunk_shape[d];
       uint64_t valid = std::min(meta.chunk_shape[d], meta.shape[d] - origin);
-      covers_valid = covers_valid && start[d] == 0 && (step[d] == 1 || count[d] == 1) && count[d] == valid;
-      full = full && count[d] == meta.chunk_shape[d] && start[d] == 0 && (step[d] == 1 || count[d] == 1);
+      covers_valid =
+          covers_valid && start[d] == 0 && (step[d] == 1 || count[d] == 1) && count[d] == valid;
+      full = full && count[d] == meta.chunk_shape[d] && start[d] == 0 &&
+             (step[d] == 1 || count[d] == 1);
     }
     std::string key = chunk_key(chunk_index);
     const uint8_t* values;
@@ -436,7 +513,8 @@ void Array::write(const Selection& selection, const void* in_ptr) const {
           fill_with(chunk.data(), spec.num_elements(), spec.fill, spec.dtype);
         }
       }
-      copy_box(in, BoxRef{in_shape, in_start}, chunk.data(), BoxRef{spec.shape, start, step}, count, item);
+      copy_box(in, BoxRef{in_shape, in_start}, chunk.data(), BoxRef{spec.shape, start, step}, count,
+               item);
       values = chunk.data();
     }
     if (!spec.fill.is_null && all_equal_fill(values, spec.num_elements(), spec.fill, spec.dtype)) {
@@ -454,7 +532,8 @@ StorageInfo Array::storage_info() const {
   std::string prefix = path_.empty() ? "" : path_ + "/";
   for (const auto& key : store_->list(prefix)) {
     std::string_view name = std::string_view(key).substr(prefix.size());
-    std::string_view leaf = name.substr(name.rfind('/') == std::string_view::npos ? 0 : name.rfind('/') + 1);
+    std::string_view leaf =
+        name.substr(name.rfind('/') == std::string_view::npos ? 0 : name.rfind('/') + 1);
     if (is_metadata_key(leaf)) continue;
     if (auto size = store_->size(key)) {
       info.stored_bytes += *size;

@@ -24,9 +24,9 @@ struct Slice {
 using Selection = std::vector<Slice>;
 
 struct StorageInfo {
-  uint64_t stored_bytes = 0;      // bytes of every chunk (or shard) object present
-  uint64_t objects_present = 0;   // chunk or shard objects present
-  uint64_t objects_total = 0;     // chunk or shard objects the grid has
+  uint64_t stored_bytes = 0;     // bytes of every chunk (or shard) object present
+  uint64_t objects_present = 0;  // chunk or shard objects present
+  uint64_t objects_total = 0;    // chunk or shard objects the grid has
 };
 
 class Array {
@@ -38,7 +38,8 @@ class Array {
   static Array create(std::shared_ptr<Store> store, const std::string& path, ArrayMetadata metadata,
                       bool overwrite = false);
   // From metadata already read (consolidated metadata).
-  static Array from_metadata(std::shared_ptr<Store> store, const std::string& path, ArrayMetadata metadata);
+  static Array from_metadata(std::shared_ptr<Store> store, const std::string& path,
+                             ArrayMetadata metadata);
 
   const ArrayMetadata& metadata() const { return *metadata_; }
   const std::string& path() const { return path_; }
@@ -61,6 +62,15 @@ class Array {
   void set_attributes(const Json& attributes);
 
   std::string chunk_key(std::span<const uint64_t> chunk_index) const;
+  // The stored (encoded) bytes of one read chunk, by its index in the read chunk grid (see
+  // read_chunk_shape): the chunk's value, or where sharded (one level) the inner chunk's byte
+  // range, found through the shard's index. False where it is absent (the fill value); `where`
+  // then says what was looked for, else the key and byte range read ("a/c/3/0/0 (bytes 96..4200)"),
+  // for messages. Decoding them is `read_codecs()`'s job (a GPU decoder's).
+  bool read_stored(std::span<const uint64_t> read_chunk_index, Bytes& out,
+                   std::string* where = nullptr) const;
+  // The codecs of a read chunk: the chain, or the inner chain where sharded.
+  const CodecChain& read_codecs() const;
   StorageInfo storage_info() const;
 
  private:
