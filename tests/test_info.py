@@ -139,3 +139,20 @@ def test_advice_on_a_single_array(tmp_path):
     zfeed.create(path, shape=(12, 300, 300), chunks=(3, 300, 300), dtype="float32", dimension_names=DIMS)
     advice = advice_of(path)
     assert [item["kind"] for item in advice] == ["time_chunks"]
+
+
+def test_gpu_decode_advice_for_codecs_nvcomp_lacks(tmp_path):
+    root = tmp_path / "blosc.zarr"
+    group = zfeed.create_group(root)
+    for name, compressor in (("blosc", "blosc:lz4:5"), ("zstd", "zstd:3"), ("raw", None)):
+        array = group.create_array(name, shape=(2, 512, 512), chunks=(1, 512, 512), dtype="float32",
+                                   compressor=compressor, dimension_names=DIMS)
+        array[...] = smooth((2, 512, 512))
+    advice = advice_of(root)
+    if not zfeed.build_info()["cuda"]:  # the GPU path is not built: nothing to say about it
+        assert all(kinds(advice, name) == set() for name in ("blosc", "zstd", "raw"))
+        return
+    assert kinds(advice, "blosc") == {"gpu_decode"}
+    assert kinds(advice, "zstd") == set() and kinds(advice, "raw") == set()
+    text = next(item["advice"] for item in advice if item["array"].endswith("blosc"))
+    assert "blosc" in text and "--codec zstd:3" in text

@@ -5,6 +5,9 @@
 #include <numeric>
 
 #include "zfeed/codec/sharding.h"
+#if ZFEED_HAVE_CUDA
+#include "zfeed/cuda/gpu_decode_plan.h"
+#endif
 #include "zfeed/store/store.h"
 #include "zfeed/zarr/group.h"
 
@@ -133,6 +136,18 @@ Json advise(const zarr::Array& array, const zarr::StorageInfo& storage) {
                    : std::string()));
     }
   }
+#if ZFEED_HAVE_CUDA
+  // The GPU path (Loader(decode="gpu")) decodes only what nvCOMP covers in one step.
+  if (compresses(array.read_codecs())) {
+    const cuda::GpuDecodePlan plan = cuda::gpu_decode_plan(array);
+    if (!plan.gpu) {
+      add("gpu_decode", "Loader(decode=\"gpu\") decodes these " + what + " on the CPU (" +
+                            plan.reason +
+                            "); rewritten with zstd they decode on the GPU (`zfeed rechunk "
+                            "--codec zstd:3`)");
+    }
+  }
+#endif
   if (storage.objects_present > 0 && storage.stored_bytes > 0 && storage.objects_total > 0 &&
       compresses(sharded ? array.codecs().sharding()->inner() : array.codecs())) {
     // Compare with the decoded size of the objects that are present only.
@@ -195,6 +210,12 @@ Json describe_array(const zarr::Array& array, const std::string& name) {
   json["compression_ratio"] =
       storage.stored_bytes ? Json(double(decoded) / double(storage.stored_bytes)) : Json(nullptr);
   json["attributes"] = meta.attributes;
+#if ZFEED_HAVE_CUDA
+  const cuda::GpuDecodePlan plan = cuda::gpu_decode_plan(array);
+  json["gpu_decode"] = {{"gpu", plan.gpu},
+                        {"codec", plan.gpu ? Json(cuda::gpu_codec_name(plan.codec)) : Json()},
+                        {"reason", plan.reason}};
+#endif
   json["advice"] = advise(array, storage);
   return json;
 }
