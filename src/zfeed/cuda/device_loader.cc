@@ -121,6 +121,8 @@ DeviceLoader::DeviceLoader(loader::LoaderSpec spec, DeviceLoaderOptions options)
                              host_->pass_compressed_reason();
     } else {
       decoder_ = std::make_unique<GpuDecoder>();
+      for (size_t a = 0; a < host_->num_arrays(); ++a)
+        codecs_.push_back(gpu_decode_plan(host_->array(a)).codec);
       if (decode == "gpu") {
         stats_.decode_mode = "gpu";
         stats_.decode_reason = "asked for";
@@ -214,7 +216,7 @@ bool DeviceLoader::enqueue() {
     const loader::CompressedChunk& chunk = memory.compressed[i];
     if (chunk.decoded_size == 0) continue;
     GpuDecodeItem item;
-    item.codec = gpu_decode_plan(host_->array(chunk.array)).codec;
+    item.codec = codecs_[chunk.array];
     item.src = chunk.data.data();
     item.src_size = chunk.data.size();
     item.dst = (chunk.target ? staging_targets_ : staging_inputs_).data() + chunk.offset;

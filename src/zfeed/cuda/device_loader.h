@@ -176,6 +176,7 @@ class DeviceLoader {
   bool host_finished_ = false;  // the host loader reported the end of the epoch
   DeviceLoaderStats stats_;
   std::unique_ptr<GpuDecoder> decoder_;
+  std::vector<GpuCodec> codecs_;  // per host array: how nvCOMP decodes its chunks (where it does)
   std::vector<GpuDecodeItem> items_;
   // decode="auto": batches measured per path (the first of each path is left out as warm-up).
   std::vector<double> probe_cpu_ms_, probe_gpu_ms_;
