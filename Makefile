@@ -34,8 +34,9 @@ test-cpp: build
 test-python: python
 	$(PY) -m pytest -q tests
 
+# A fixed seed: each run of make test fuzzes the same way (scripts/fuzz alone draws new seeds).
 fuzz:
-	scripts/fuzz $(FUZZ_SECONDS)
+	ZFEED_FUZZ_SEED=$${ZFEED_FUZZ_SEED:-1} scripts/fuzz $(FUZZ_SECONDS)
 
 test: deps
 	$(MAKE) test-cpp

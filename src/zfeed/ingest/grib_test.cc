@@ -445,6 +445,50 @@ TEST(GribSource, RegularGaussianGrid) {
   for (size_t j = 0; j < expected.size(); ++j) EXPECT_NEAR(latitudes[j], expected[j], 1e-9) << j;
 }
 
+// ecCodes computes every latitude of a Gaussian grid in O(N^2) time, whatever rows a message
+// holds: a header claiming N=30000 for a few rows is refused at once, not computed for a minute.
+TEST(GribSource, RefusesAnImplausibleGaussianGridNumberQuickly) {
+  TempDir dir;
+  FieldSpec spec;
+  spec.sample = "regular_gg_sfc_grib1";
+  std::string message = make_message(spec);
+  codes_handle* h = codes_handle_new_from_message_copy(nullptr, message.data(), message.size());
+  ASSERT_NE(h, nullptr);
+  ASSERT_EQ(codes_set_long(h, "N", 30000), 0);
+  const void* bytes = nullptr;
+  size_t size = 0;
+  ASSERT_EQ(codes_get_message(h, &bytes, &size), 0);
+  write_file(dir / "big-n.grib", std::string(static_cast<const char*>(bytes), size));
+  codes_handle_delete(h);
+  const std::string error =
+      error_of<UnsupportedError>([&] { GribSource source(dir / "big-n.grib"); });
+  EXPECT_CONTAINS(error, "big-n.grib: message 1 at byte 0");
+  EXPECT_CONTAINS(error, "Gaussian grid number N=30000 is over the N=4096 zfeed reads");
+}
+
+// ecCodes allocates as many values as the data section says it codes: a count far beyond the grid
+// is refused before decoding, not turned into a multi-gigabyte allocation.
+TEST(GribSource, RefusesACodedValueCountBeyondTheGrid) {
+  TempDir dir;
+  FieldSpec spec;
+  spec.bitmap = true;  // (without one, the value count itself is refused first)
+  spec.values = {1, 2, 9999, 4, 5, 6, 7, 8, 9999, 10, 11, 12};
+  std::string message = make_message(spec);
+  codes_handle* h = codes_handle_new_from_message_copy(nullptr, message.data(), message.size());
+  ASSERT_NE(h, nullptr);
+  ASSERT_EQ(codes_set_long(h, "numberOfValues", 704643091), 0);
+  const void* bytes = nullptr;
+  size_t size = 0;
+  ASSERT_EQ(codes_get_message(h, &bytes, &size), 0);
+  write_file(dir / "count.grib", std::string(static_cast<const char*>(bytes), size));
+  codes_handle_delete(h);
+  GribSource source(dir / "count.grib");
+  const std::string error = error_of([&] { read_whole<float>(source, "t"); });
+  EXPECT_CONTAINS(error,
+                  "count.grib: message 1 at byte 0: numberOfCodedValues 704643091 is more "
+                  "than the grid's 12 points");
+}
+
 TEST(GribSource, ConvertJoinsGribFilesAndRefusesMismatchedGrids) {
   TempDir dir;
   FieldSpec spec;
