@@ -304,6 +304,7 @@ Json LoaderStats::to_json() const {
               {"bytes_delivered", bytes_delivered},
               {"chunks_decoded", chunks_decoded},
               {"chunks_passed", chunks_passed},
+              {"chunks_located", chunks_located},
               {"cache_hits", cache_hits},
               {"cache_bytes", cache_bytes},
               {"batches", batches},
@@ -333,7 +334,8 @@ struct Loader::Shared {
 
   std::atomic<uint64_t> read_ns{0}, decode_ns{0}, assemble_ns{0}, batch_ns{0}, wait_ns{0},
       idle_ns{0}, bytes_read{0}, bytes_decoded{0}, bytes_delivered{0}, chunks_decoded{0},
-      chunks_passed{0}, cache_hits{0}, cache_bytes{0}, batches{0}, samples{0}, buffers{0};
+      chunks_passed{0}, chunks_located{0}, cache_hits{0}, cache_bytes{0}, batches{0}, samples{0},
+      buffers{0};
 
   std::unique_ptr<BatchMemory> allocate() {
     auto memory = std::make_unique<BatchMemory>();
@@ -369,6 +371,7 @@ struct Loader::Piece {
   OutputType out = OutputType::kFloat32;
   Normalization normalization;
   int64_t compressed = -1;  // its index in BatchMemory::compressed, where handed over compressed
+  bool located = false;     // handed over as a place in a local file, not read
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -677,6 +680,9 @@ Loader::Loader(LoaderSpec spec) : spec_(std::move(spec)), shared_(std::make_shar
   } else {
     pass_reason_ = "not asked for";
   }
+  local_.resize(arrays_.size());
+  for (size_t a = 0; a < arrays_.size(); ++a) local_[a] = arrays_[a].stored_locally();
+  set_locate_compressed(spec_.locate_compressed);
 
   const bool chunk_order =
       spec_.shuffle && (spec_.order == "chunks" || (spec_.order == "auto" && time_chunk > 1));
@@ -775,6 +781,12 @@ bool Loader::set_pass_compressed(bool enabled) {
   return any;
 }
 
+bool Loader::set_locate_compressed(bool enabled) {
+  const bool any = std::find(local_.begin(), local_.end(), true) != local_.end();
+  locate_enabled_ = enabled && any;
+  return locate_enabled_;
+}
+
 void Loader::assemble(uint64_t epoch, std::span<const uint64_t> times, void* inputs_ptr,
                       void* targets_ptr, BatchMemory* memory) {
   const auto batch_start = Clock::now();
@@ -813,6 +825,7 @@ void Loader::assemble(uint64_t epoch, std::span<const uint64_t> times, void* inp
   if (memory) {
     memory->compressed_count = 0;
     if (pass_enabled_) {
+      const bool locate = locate_enabled_;  // one answer for the whole batch
       for (Piece& piece : direct) {
         if (!passable_[piece.array]) continue;
         const size_t index = memory->compressed_count++;
@@ -823,6 +836,7 @@ void Loader::assemble(uint64_t epoch, std::span<const uint64_t> times, void* inp
         chunk.decoded_size = plane * 4;
         chunk.array = static_cast<uint32_t>(piece.array);
         piece.compressed = static_cast<int64_t>(index);
+        piece.located = locate && local_[piece.array];
       }
     }
   }
@@ -851,14 +865,32 @@ void Loader::read_direct(std::span<const Piece> pieces, BatchMemory* memory) {
       if (piece.level) index.push_back(*piece.level);
       index.push_back(0);
       index.push_back(0);
-      const bool found = array.read_stored(index, chunk.data, &chunk.key);
+      bool found = false;
+      chunk.file.clear();
+      chunk.file_offset = 0;
+      if (piece.located) {
+        zarr::Array::StoredLocation location;
+        found = array.locate_stored(index, location, &chunk.key);
+        chunk.data.clear();
+        if (found) {
+          chunk.file = std::move(location.path);
+          chunk.file_offset = location.offset;
+        }
+        chunk.stored_size = found ? location.size : 0;
+      } else {
+        found = array.read_stored(index, chunk.data, &chunk.key);
+        chunk.stored_size = found ? chunk.data.size() : 0;
+      }
       const uint64_t io_ns = io.read_ns - io_before.read_ns;
       shared_->read_ns += std::max(io_ns, elapsed_ns(start));
-      shared_->bytes_read += found ? chunk.data.size() : 0;
+      // Located bytes are read by the consumer, not here.
+      shared_->bytes_read += found && !piece.located ? chunk.stored_size : 0;
       if (found) {
         ++shared_->chunks_passed;
+        if (piece.located) ++shared_->chunks_located;
         return;
       }
+      chunk.data.clear();
       chunk.decoded_size = 0;  // absent: the fill value, written below like any plane
     }
     zarr::Selection selection{{piece.time, piece.time + 1, 1}};
@@ -1283,6 +1315,7 @@ LoaderStats Loader::stats() const {
   stats.bytes_delivered = s.bytes_delivered;
   stats.chunks_decoded = s.chunks_decoded;
   stats.chunks_passed = s.chunks_passed;
+  stats.chunks_located = s.chunks_located;
   stats.cache_hits = s.cache_hits;
   stats.cache_bytes = s.cache_bytes;
   stats.batches = s.batches;

@@ -100,6 +100,11 @@ struct LoaderSpec {
   // BatchMemory::compressed instead of decoding it; the plane in the batch buffer is left as it
   // is. Only with defer_normalization, and while set_pass_compressed(true).
   std::function<bool(const zarr::Array&)> pass_compressed;
+  // Chunks handed over compressed are located, not read, where their array is stored_locally():
+  // CompressedChunk::file, file_offset and stored_size say where the consumer reads them itself
+  // (GPUDirect Storage). Other arrays' chunks are read into CompressedChunk::data as before.
+  // Switched at run time by Loader::set_locate_compressed.
+  bool locate_compressed = false;
 
   // From JSON: {"path", "inputs": [{"name", "levels", "mean", "std"} | "name", ...], "targets",
   // "lead", "history", "crop": [lat_start, lat_size, lon_start, lon_size],
@@ -127,7 +132,12 @@ struct CompressedChunk {
   uint64_t decoded_size = 0;  // bytes it decodes to; 0: absent, the loader filled the plane
   uint32_t array = 0;         // Loader::array(index)
   std::string key;            // where it is stored (key, and byte range inside a shard)
-  Bytes data;                 // its stored bytes
+  Bytes data;                 // its stored bytes; empty where located
+  // Set where the chunk was located rather than read (LoaderSpec::locate_compressed): the local
+  // file holding its stored bytes, at [file_offset, file_offset + stored_size). Else empty.
+  std::string file;
+  uint64_t file_offset = 0;
+  uint64_t stored_size = 0;  // its stored bytes, located or read (data.size() then); 0: absent
 };
 
 // The memory of one batch; owned by the loader's pool and lent to the consumer.
@@ -172,6 +182,7 @@ struct LoaderStats {
   uint64_t bytes_delivered = 0;  // bytes of the batches handed out
   uint64_t chunks_decoded = 0;   // through the cache (misses)
   uint64_t chunks_passed = 0;    // handed over compressed (LoaderSpec::pass_compressed)
+  uint64_t chunks_located = 0;   // of those, located in a local file, not read
   uint64_t cache_hits = 0;
   uint64_t cache_bytes = 0;  // held now
   uint64_t batches = 0;
@@ -250,6 +261,11 @@ class Loader {
   // prefetched ones keep how they were made). Returns whether any array qualifies.
   bool set_pass_compressed(bool enabled);
   bool passes_compressed() const { return pass_enabled_.load(); }
+  // Turns locating (rather than reading) the chunks handed over compressed on or off for the
+  // batches assembled from now on (LoaderSpec::locate_compressed). Returns whether locating is now
+  // on: false where turned off or where no array is stored_locally().
+  bool set_locate_compressed(bool enabled);
+  bool locate_compressed() const { return locate_enabled_.load(); }
   // Why no array qualifies for pass_compressed ("" where some does).
   const std::string& pass_compressed_reason() const { return pass_reason_; }
   size_t num_arrays() const { return arrays_.size(); }
@@ -274,6 +290,8 @@ class Loader {
   std::vector<bool> cached_;    // per array: its read chunks hold several planes
   std::vector<bool> passable_;  // per array: its chunks may be handed over compressed
   std::atomic<bool> pass_enabled_{false};
+  std::vector<bool> local_;  // per array: stored_locally()
+  std::atomic<bool> locate_enabled_{false};
   std::string pass_reason_;
   uint64_t time_extent_ = 0, lat_ = 0, lon_ = 0, lat_start_ = 0, lon_start_ = 0;
   uint64_t full_lat_ = 0, full_lon_ = 0;

@@ -1,5 +1,6 @@
 #include "zfeed/loader/loader.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -509,9 +510,8 @@ TEST(Loader, DeferredNormalizationThenTheCastEqualsTheCpuPath) {
 // of shards read by range) decode, with the array's read codecs, to exactly the planes the loader
 // would have written; arrays that do not qualify (float64, int16) are decoded by the loader as
 // before, and an absent chunk's plane is filled by the loader.
-TEST(Loader, ChunksHandedOverCompressedDecodeToTheSamePlanes) {
-  auto store = make_store();
-  // t2m again, sharded: shards of 4 time steps, one plane per inner chunk.
+// t2m again, as "t2m_sharded": shards of 4 time steps, one plane per inner chunk.
+void add_sharded_t2m(const std::shared_ptr<Store>& store) {
   Json json = {
       {"zarr_format", 3},
       {"node_type", "array"},
@@ -531,6 +531,11 @@ TEST(Loader, ChunksHandedOverCompressedDecodeToTheSamePlanes) {
   std::vector<float> values(kTimes * kLat * kLon);
   zarr::Array::open(store, "t2m").read(sharded.full_selection(), values.data());
   sharded.write(sharded.full_selection(), values.data());
+}
+
+TEST(Loader, ChunksHandedOverCompressedDecodeToTheSamePlanes) {
+  auto store = make_store();
+  add_sharded_t2m(store);
   store->erase("t2m/c/5/0/0");  // absent: the fill value, written by the loader
 
   auto spec = base_spec(store);
@@ -576,6 +581,145 @@ TEST(Loader, ChunksHandedOverCompressedDecodeToTheSamePlanes) {
   Loader cropped(spec);
   EXPECT_FALSE(cropped.set_pass_compressed(true));
   EXPECT_CONTAINS(cropped.pass_compressed_reason(), "crops");
+}
+
+// [offset, offset + size) of a file, read as a GPUDirect Storage consumer would: by itself.
+Bytes read_file_range(const std::string& path, uint64_t offset, uint64_t size) {
+  Bytes out(size);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  EXPECT_GE(fd, 0) << path;
+  if (fd < 0) return out;
+  const ssize_t got = ::pread(fd, out.data(), size, static_cast<off_t>(offset));
+  ::close(fd);
+  EXPECT_EQ(got, static_cast<ssize_t>(size)) << path;
+  return out;
+}
+
+// With locate_compressed on a file store, chunks handed over compressed are places in local
+// files (the GPUDirect Storage path): no bytes in `data`, and the located range holds exactly the
+// bytes read_stored reads (what a reading loader hands over), which decode to the loader's
+// planes. Absent chunks are filled by the loader as before.
+TEST(Loader, ChunksHandedOverCompressedAreLocatedInLocalFiles) {
+  testing::TempDir dir;
+  auto store = make_file_store(dir.path());
+  {
+    auto memory = make_store();
+    add_sharded_t2m(memory);
+    for (const auto& key : memory->list("")) store->set(key, *memory->get(key));
+  }
+  store->erase("t2m/c/5/0/0");  // absent: the fill value, written by the loader
+
+  auto spec = base_spec(store);
+  spec.inputs.push_back(var("t2m_sharded"));
+  spec.defer_normalization = true;
+  Loader reference(spec);
+  spec.pass_compressed = [](const zarr::Array&) { return true; };
+  Loader reading(spec);
+  ASSERT_TRUE(reading.set_pass_compressed(true));
+  EXPECT_FALSE(reading.locate_compressed()) << "off unless asked for";
+  spec.locate_compressed = true;
+  Loader locating(spec);
+  ASSERT_TRUE(locating.set_pass_compressed(true));
+  EXPECT_TRUE(locating.locate_compressed());
+
+  const auto in = locating.input_shape(), out = locating.target_shape();
+  const size_t plane_bytes = in[2] * in[3] * 4;
+  uint64_t located = 0, absent = 0;
+  bool saw_shard = false;
+  while (auto batch = locating.next()) {
+    auto read = reading.next();
+    auto want = reference.next();
+    ASSERT_TRUE(read && want);
+    const BatchMemory& memory = *batch->memory;
+    ASSERT_EQ(memory.compressed_count, read->memory->compressed_count);
+    for (size_t i = 0; i < memory.compressed_count; ++i) {
+      const CompressedChunk& chunk = memory.compressed[i];
+      const CompressedChunk& read_chunk = read->memory->compressed[i];
+      EXPECT_TRUE(chunk.data.empty());
+      EXPECT_EQ(chunk.key, read_chunk.key);
+      ASSERT_EQ(chunk.decoded_size, read_chunk.decoded_size);
+      if (chunk.decoded_size == 0) {
+        ++absent;
+        EXPECT_TRUE(chunk.file.empty());
+        EXPECT_EQ(chunk.stored_size, 0u);
+        continue;
+      }
+      ++located;
+      ASSERT_TRUE(chunk.file.starts_with(dir.path() + "/")) << chunk.file;
+      saw_shard = saw_shard || chunk.file.find("t2m_sharded/c/") != std::string::npos;
+      EXPECT_EQ(read_chunk.stored_size, read_chunk.data.size());
+      EXPECT_TRUE(read_chunk.file.empty());
+      ASSERT_EQ(chunk.stored_size, read_chunk.data.size());
+      const Bytes bytes = read_file_range(chunk.file, chunk.file_offset, chunk.stored_size);
+      ASSERT_TRUE(testing::same_bytes(bytes.data(), read_chunk.data.data(), bytes.size()));
+      uint8_t* dst = (chunk.target ? batch->target_bytes() : batch->input_bytes()) + chunk.offset;
+      locating.array(chunk.array).read_codecs().decode(bytes, dst);
+    }
+    ASSERT_EQ(
+        std::memcmp(batch->input_bytes(), want->input_bytes(), batch->size * in[1] * plane_bytes),
+        0);
+    ASSERT_EQ(std::memcmp(batch->target_bytes(), want->target_bytes(),
+                          batch->size * out[1] * plane_bytes),
+              0);
+  }
+  EXPECT_GT(located, 0u);
+  EXPECT_GT(absent, 0u);
+  EXPECT_TRUE(saw_shard);
+  const LoaderStats stats = locating.stats();
+  EXPECT_EQ(stats.chunks_located, located);
+  EXPECT_EQ(stats.chunks_passed, located);
+  EXPECT_EQ(stats.to_json()["chunks_located"], located);
+  EXPECT_EQ(reading.stats().chunks_located, 0u);
+}
+
+// set_locate_compressed switches at run time, for the batches assembled from then on; a store
+// without local files reads the chunks as before, whatever the spec asks.
+TEST(Loader, LocatingCompressedChunksSwitchesAtRunTime) {
+  auto memory = make_store();
+  testing::TempDir dir;
+  auto files = make_file_store(dir.path());
+  for (const auto& key : memory->list("")) files->set(key, *memory->get(key));
+  const std::vector<uint64_t> times{2, 5, 9};
+  // Assembles `times` once; returns (chunks located, chunks read).
+  auto assemble = [&](Loader& loader) {
+    BatchMemory batch;
+    const auto in = loader.input_shape(), out = loader.target_shape();
+    batch.inputs.resize(in[0] * in[1] * in[2] * in[3] * 4);
+    batch.targets.resize(out[0] * out[1] * out[2] * out[3] * 4);
+    loader.assemble(0, times, batch.inputs.data(), batch.targets.data(), &batch);
+    std::pair<uint64_t, uint64_t> counts{0, 0};
+    for (size_t i = 0; i < batch.compressed_count; ++i) {
+      const CompressedChunk& chunk = batch.compressed[i];
+      if (chunk.decoded_size == 0) continue;
+      if (!chunk.file.empty()) {
+        EXPECT_TRUE(chunk.data.empty());
+        ++counts.first;
+      } else {
+        EXPECT_EQ(chunk.stored_size, chunk.data.size());
+        EXPECT_GT(chunk.data.size(), 0u);
+        ++counts.second;
+      }
+    }
+    return counts;
+  };
+  for (const bool local : {true, false}) {
+    SCOPED_TRACE(local ? "file store" : "memory store");
+    auto spec = base_spec(local ? files : memory);
+    spec.defer_normalization = true;
+    spec.pass_compressed = [](const zarr::Array&) { return true; };
+    spec.locate_compressed = true;
+    Loader loader(spec);
+    ASSERT_TRUE(loader.set_pass_compressed(true));
+    EXPECT_EQ(loader.locate_compressed(), local);
+    // t2m, 3 samples: an input and a target plane each.
+    const std::pair<uint64_t, uint64_t> located{6, 0}, read{0, 6};
+    EXPECT_EQ(assemble(loader), local ? located : read);
+    EXPECT_FALSE(loader.set_locate_compressed(false));
+    EXPECT_FALSE(loader.locate_compressed());
+    EXPECT_EQ(assemble(loader), read);
+    EXPECT_EQ(loader.set_locate_compressed(true), local);
+    EXPECT_EQ(assemble(loader), local ? located : read);
+  }
 }
 
 TEST(Loader, IntegerTargetsWithoutStatisticsAreLabels) {

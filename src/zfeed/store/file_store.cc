@@ -97,6 +97,11 @@ class FileStore final : public Store {
     return true;
   }
 
+  std::optional<std::string> local_path(std::string_view key) const override {
+    check_key(key);
+    return path_of(key);
+  }
+
   std::optional<uint64_t> size(std::string_view key) const override {
     check_key(key);
     struct stat info {};

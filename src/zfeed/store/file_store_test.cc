@@ -195,6 +195,27 @@ TEST(FileStore, ReadIntoReadsInPlace) {
   EXPECT_TRUE(testing::same_bytes(range.data(), value.data() + 99990, 10));
 }
 
+// The file behind a key, for consumers that read it by other means (GPUDirect Storage); keys
+// are checked as get() checks them, so no path outside the root is ever handed out.
+TEST(FileStore, LocalPathIsTheKeysFileUnderTheRoot) {
+  testing::TempDir dir;
+  auto store = make_file_store(dir.path() + "/");
+  store->set("arr/c/0/1", as_bytes("chunk"));
+  EXPECT_EQ(store->local_path("arr/c/0/1"), dir / "arr/c/0/1");
+  EXPECT_EQ(read_file(*store->local_path("arr/c/0/1")), "chunk");
+  EXPECT_EQ(store->local_path("arr/c/9/9"), dir / "arr/c/9/9") << "need not exist";
+  for (const char* key : {"..", "../secret", "a/../../secret", "/etc/passwd", "a//b", "", "a\\b"}) {
+    SCOPED_TRACE(key);
+    const std::string refused = error_of([&] { store->get(key); });
+    EXPECT_CONTAINS(refused, "invalid key");
+    EXPECT_EQ(error_of([&] { store->local_path(key); }), refused);
+  }
+  // Other stores keep no local files.
+  auto memory = make_memory_store();
+  memory->set("k", as_bytes("v"));
+  EXPECT_FALSE(memory->local_path("k").has_value());
+}
+
 TEST(FileStore, MissingRootReadsAsEmpty) {
   testing::TempDir dir;
   auto store = make_file_store(dir / "does-not-exist");

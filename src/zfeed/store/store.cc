@@ -9,10 +9,12 @@ namespace zfeed {
 
 std::string ByteRange::describe() const {
   switch (kind) {
-    case Kind::kAll: return "all bytes";
+    case Kind::kAll:
+      return "all bytes";
     case Kind::kRange:
       return "bytes " + std::to_string(offset) + ".." + std::to_string(offset + length);
-    case Kind::kSuffix: return "the last " + std::to_string(length) + " bytes";
+    case Kind::kSuffix:
+      return "the last " + std::to_string(length) + " bytes";
   }
   return "";
 }
@@ -57,6 +59,8 @@ bool Store::read_into(std::string_view key, MutableByteView out) const {
   if (!out.empty()) std::memcpy(out.data(), value->data(), out.size());
   return true;
 }
+
+std::optional<std::string> Store::local_path(std::string_view) const { return std::nullopt; }
 
 void Store::erase_prefix(std::string_view prefix) {
   for (const auto& key : list(prefix)) erase(key);

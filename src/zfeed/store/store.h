@@ -23,7 +23,9 @@ struct ByteRange {
   uint64_t length = 0;
 
   static ByteRange all() { return {}; }
-  static ByteRange range(uint64_t offset, uint64_t length) { return {Kind::kRange, offset, length}; }
+  static ByteRange range(uint64_t offset, uint64_t length) {
+    return {Kind::kRange, offset, length};
+  }
   static ByteRange suffix(uint64_t length) { return {Kind::kSuffix, 0, length}; }
   std::string describe() const;
 
@@ -78,6 +80,12 @@ class Store {
 
   // For error messages: "file:///data/era5.zarr", "memory://".
   virtual std::string url() const = 0;
+
+  // The local file that holds `key`'s value, where this store keeps each key as a plain local
+  // file (the filesystem store; the file need not exist), so that a consumer can read it by
+  // other means (GPUDirect Storage); nullopt for every other store. Where a path is given, the
+  // key is checked as get() checks it.
+  virtual std::optional<std::string> local_path(std::string_view key) const;
 
   // Throws if `key` is empty, absolute, or has empty, "." or ".." components.
   static void check_key(std::string_view key);

@@ -367,21 +367,28 @@ const CodecChain& Array::read_codecs() const {
   return *chain;
 }
 
-bool Array::read_stored(std::span<const uint64_t> read_chunk_index, Bytes& out,
-                        std::string* where) const {
-  const ShardingCodec* sharding = chain_->sharding();
+namespace {
+
+// Where one read chunk's stored bytes are: a whole store value, or (sharded) a window of the
+// shard found through its index. nullopt where absent. The shard index is read; the chunk is not.
+// `operation` names the caller in errors.
+std::optional<Source> find_stored(const Array& array, std::span<const uint64_t> read_chunk_index,
+                                  std::string* where, std::string_view operation) {
+  const Store& store = *array.store();
+  const ShardingCodec* sharding = array.codecs().sharding();
   if (!sharding) {
-    const std::string key = chunk_key(read_chunk_index);
-    if (where) *where = store_->url() + "/" + key;
-    return store_->get_into(key, ByteRange::all(), out);
+    Source source{store, array.chunk_key(read_chunk_index)};
+    if (where) *where = source.where();
+    return source;  // absence is found by the read (or size) itself, in one call
   }
+  const std::string context = array.path() + ": " + std::string(operation);
   if (sharding->inner().sharding()) {
-    throw UnsupportedError(path_ + ": read_stored: nested sharding is not supported");
+    throw UnsupportedError(context + ": nested sharding is not supported");
   }
   const auto& grid = sharding->chunks_per_shard();
   const size_t rank = grid.size();
   if (read_chunk_index.size() != rank) {
-    throw Error(path_ + ": read_stored: chunk index of " + std::to_string(read_chunk_index.size()) +
+    throw Error(context + ": chunk index of " + std::to_string(read_chunk_index.size()) +
                 " dimensions for a " + std::to_string(rank) + "-dimensional array");
   }
   std::vector<uint64_t> shard(rank);
@@ -390,23 +397,60 @@ bool Array::read_stored(std::span<const uint64_t> read_chunk_index, Bytes& out,
     shard[d] = read_chunk_index[d] / grid[d];
     linear = linear * grid[d] + read_chunk_index[d] % grid[d];
   }
-  const Source source{*store_, chunk_key(shard)};
+  const Source source{store, array.chunk_key(shard)};
   if (where) *where = source.where() + " (inner chunk " + std::to_string(linear) + ")";
   ScratchBuffer index_bytes;
   const ByteRange index_range = sharding->index_at_end()
                                     ? ByteRange::suffix(sharding->index_size())
                                     : ByteRange::range(0, sharding->index_size());
-  if (!source.fetch(index_range, index_bytes.bytes())) return false;
+  if (!source.fetch(index_range, index_bytes.bytes())) return std::nullopt;
   ShardIndex index;
   try {
-    index = sharding->decode_index(index_bytes.bytes(), store_->size(source.key));
+    index = sharding->decode_index(index_bytes.bytes(), store.size(source.key));
   } catch (...) {
     rethrow_with_context(source.where());
   }
-  if (index.is_empty(linear)) return false;
-  const Source inner{*store_, source.key, true, index.offset(linear), index.nbytes(linear)};
+  if (index.is_empty(linear)) return std::nullopt;
+  Source inner{store, source.key, true, index.offset(linear), index.nbytes(linear)};
   if (where) *where = inner.where();
-  return inner.fetch(ByteRange::all(), out);
+  return inner;
+}
+
+}  // namespace
+
+bool Array::read_stored(std::span<const uint64_t> read_chunk_index, Bytes& out,
+                        std::string* where) const {
+  const std::optional<Source> source = find_stored(*this, read_chunk_index, where, "read_stored");
+  return source && source->fetch(ByteRange::all(), out);
+}
+
+bool Array::stored_locally() const {
+  // Stores map all keys alike, so any valid key answers for the array's chunks.
+  return store_->local_path(join_key(path_, "zarr.json")).has_value();
+}
+
+bool Array::locate_stored(std::span<const uint64_t> read_chunk_index, StoredLocation& out,
+                          std::string* where) const {
+  if (!stored_locally()) {
+    throw Error(store_->url() + "/" + path_ +
+                ": locate_stored: the store keeps no local files (only a file store does); read "
+                "the chunk with read_stored instead");
+  }
+  const std::optional<Source> source = find_stored(*this, read_chunk_index, where, "locate_stored");
+  if (!source) return false;
+  std::optional<std::string> path = store_->local_path(source->key);
+  if (!path) throw Error(source->where() + ": locate_stored: no local file for this key");
+  if (source->windowed) {
+    out.offset = source->offset;
+    out.size = source->length;
+  } else {
+    const std::optional<uint64_t> size = store_->size(source->key);
+    if (!size) return false;
+    out.offset = 0;
+    out.size = *size;
+  }
+  out.path = std::move(*path);
+  return true;
 }
 
 void Array::read(const Selection& selection, void* out) const {

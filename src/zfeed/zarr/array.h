@@ -69,6 +69,21 @@ class Array {
   // for messages. Decoding them is `read_codecs()`'s job (a GPU decoder's).
   bool read_stored(std::span<const uint64_t> read_chunk_index, Bytes& out,
                    std::string* where = nullptr) const;
+  // Where a read chunk's stored bytes lie in a local file (locate_stored).
+  struct StoredLocation {
+    std::string path;
+    uint64_t offset = 0;
+    uint64_t size = 0;
+  };
+  // True where this array's store keeps its keys as local files (Store::local_path).
+  bool stored_locally() const;
+  // Where read_stored's bytes lie: the local file, the byte offset in it and the size, for a
+  // consumer that reads them itself (GPUDirect Storage). False where the chunk is absent (the
+  // fill value). The shard index is read (as read_stored reads it); the chunk's bytes are not.
+  // Throws where the store has no local files, and as read_stored does for a bad shard index.
+  // `where` as read_stored.
+  bool locate_stored(std::span<const uint64_t> read_chunk_index, StoredLocation& out,
+                     std::string* where = nullptr) const;
   // The codecs of a read chunk: the chain, or the inner chain where sharded.
   const CodecChain& read_codecs() const;
   StorageInfo storage_info() const;

@@ -1,8 +1,10 @@
 #include "zfeed/zarr/array.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <libdeflate.h>
 #include <lz4.h>
+#include <unistd.h>
 #include <zstd.h>
 
 #include <bit>
@@ -435,6 +437,130 @@ TEST(Array, NestedShardsPartialAndWhole) {
   EXPECT_EQ(read_all<int32_t>(sparse, {{8, 10, 1}, {8, 12, 1}}),
             sparse_model.read({{8, 10, 1}, {8, 12, 1}}));
   EXPECT_EQ(store2->list("c/"), (std::vector<std::string>{"c/1/1"}));
+}
+
+// [offset, offset + size) of a file, read as a GPUDirect Storage consumer would: by itself.
+Bytes read_file_range(const std::string& path, uint64_t offset, uint64_t size) {
+  Bytes out(size);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  EXPECT_GE(fd, 0) << path;
+  if (fd < 0) return out;
+  const ssize_t got = ::pread(fd, out.data(), size, static_cast<off_t>(offset));
+  ::close(fd);
+  EXPECT_EQ(got, static_cast<ssize_t>(size)) << path;
+  return out;
+}
+
+// locate_stored finds, without reading them, exactly the bytes read_stored reads: whole chunk
+// files, and inner chunks of shards with the index at either end; absent chunks (a missing
+// chunk, an inner chunk left out of its shard, a missing shard) are absent for both.
+TEST(Array, LocateStoredPointsAtTheBytesReadStoredReads) {
+  testing::TempDir dir;
+  auto store = make_file_store(dir.path());
+  const std::string inner =
+      std::string("[") + kLittle + R"(, {"name": "zstd", "configuration": {"level": 1}}])";
+  auto sharded = [&](const std::string& location) {
+    return R"([{"name": "sharding_indexed", "configuration": {"chunk_shape": [2, 4], "codecs": )" +
+           inner + R"(, "index_location": ")" + location + R"("}}])";
+  };
+  struct Case {
+    std::string name;
+    std::vector<uint64_t> chunks;
+    std::string codecs;
+  };
+  for (const Case& c : {Case{"plain", {2, 4}, inner}, Case{"index_end", {4, 8}, sharded("end")},
+                        Case{"index_start", {4, 8}, sharded("start")}}) {
+    SCOPED_TRACE(c.name);
+    Array array = Array::create(store, c.name, v3_meta("float32", {12, 8}, c.chunks, c.codecs));
+    ASSERT_EQ(array.read_chunk_shape(), (std::vector<uint64_t>{2, 4}));
+    EXPECT_TRUE(array.stored_locally());
+    // Fill values (0) in read chunks (0, 1) and (3, *), and in rows 8.. (a whole shard).
+    std::vector<float> values(12 * 8);
+    for (uint64_t y = 0; y < 12; ++y) {
+      for (uint64_t x = 0; x < 8; ++x) {
+        const bool fill = (y < 2 && x >= 4) || (y >= 6 && y < 8) || y >= 8;
+        values[y * 8 + x] = fill ? 0.0f : 1.0f + std::sin(0.3f * static_cast<float>(y * 8 + x));
+      }
+    }
+    array.write(array.full_selection(), values.data());
+    uint64_t present = 0;
+    for (uint64_t y = 0; y < 6; ++y) {
+      for (uint64_t x = 0; x < 2; ++x) {
+        SCOPED_TRACE("read chunk " + std::to_string(y) + ", " + std::to_string(x));
+        const std::vector<uint64_t> index{y, x};
+        const bool absent = (y == 0 && x == 1) || y >= 3;
+        Bytes stored;
+        std::string read_where, locate_where;
+        ASSERT_EQ(array.read_stored(index, stored, &read_where), !absent);
+        Array::StoredLocation location;
+        ASSERT_EQ(array.locate_stored(index, location, &locate_where), !absent);
+        EXPECT_EQ(locate_where, read_where);
+        if (absent) continue;
+        ++present;
+        const std::string key = c.name == "plain"
+                                    ? array.chunk_key(index)
+                                    : array.chunk_key(std::vector<uint64_t>{y / 2, 0});
+        EXPECT_EQ(location.path, dir / key);
+        EXPECT_CONTAINS(read_where, key);
+        ASSERT_EQ(location.size, stored.size());
+        if (c.name == "plain") {
+          EXPECT_EQ(location.offset, 0u);
+        } else if (c.name == "index_start") {
+          EXPECT_GE(location.offset, 4u * 16 + 4);  // past the index
+        }
+        const Bytes located = read_file_range(location.path, location.offset, location.size);
+        EXPECT_TRUE(testing::same_bytes(located.data(), stored.data(), stored.size()));
+      }
+    }
+    EXPECT_EQ(present, 5u);
+  }
+}
+
+// Only a store of local files has places to hand out; elsewhere locate_stored says so, naming
+// the array, before looking anything up.
+TEST(Array, LocateStoredNeedsAStoreOfLocalFiles) {
+  auto store = make_memory_store();
+  Array array = Array::create(
+      store, "group/temperature",
+      v3_meta("float32", {4, 4}, {2, 2}, std::string("[") + kLittle + R"(, "zstd"])"));
+  std::vector<float> values(16, 2.5f);
+  array.write(array.full_selection(), values.data());
+  EXPECT_FALSE(array.stored_locally());
+  Bytes stored;
+  EXPECT_TRUE(array.read_stored(std::vector<uint64_t>{1, 1}, stored));
+  Array::StoredLocation location;
+  const std::string message = error_of([&] {
+    array.locate_stored(std::vector<uint64_t>{1, 1}, location);
+  });
+  EXPECT_CONTAINS(message, "group/temperature");
+  EXPECT_CONTAINS(message, "no local files");
+}
+
+// A corrupt shard index is reported by locate_stored as by read_stored.
+TEST(Array, LocateStoredReportsABadShardIndexLikeReadStored) {
+  testing::TempDir dir;
+  auto store = make_file_store(dir.path());
+  Array array = Array::create(
+      store, "s",
+      v3_meta("float32", {4, 4}, {4, 4},
+              R"([{"name": "sharding_indexed", "configuration": {"chunk_shape": [2, 2],
+                  "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}]}}])"));
+  std::vector<float> values(16, 1.5f);
+  array.write(array.full_selection(), values.data());
+  Bytes shard = *store->get("s/c/0/0");
+  shard[shard.size() - 4 * 16 - 4 + 1] ^= 0x40;  // a byte of the index; its crc32c no longer fits
+  store->set("s/c/0/0", shard);
+  const std::vector<uint64_t> index{1, 0};
+  Bytes stored;
+  Array::StoredLocation location;
+  const std::string read_error = error_of([&] { array.read_stored(index, stored); });
+  const std::string locate_error = error_of([&] { array.locate_stored(index, location); });
+  EXPECT_CONTAINS(read_error, "crc32c checksum mismatch");
+  EXPECT_EQ(locate_error, read_error);
+  // A chunk index of the wrong rank: the same complaint, naming the operation.
+  const std::vector<uint64_t> flat{1};
+  EXPECT_CONTAINS(error_of([&] { array.locate_stored(flat, location); }),
+                  "locate_stored: chunk index of 1 dimensions");
 }
 
 TEST(Array, ReadMany) {
