@@ -87,13 +87,13 @@ def plain_pinned_copy_gbps(nbytes: int, repeats: int = 10) -> float:
 
 
 def measure_loader(store: Path, device: str, dtype: str, batch_size: int, seconds: float, to_cuda: bool = False,
-                   warmup: int = 2, decode: str = "cpu") -> dict:
+                   warmup: int = 2, decode: str = "cpu", gds: str | None = None) -> dict:
     """Delivered GB/s of one loader configuration: batches until `seconds` have passed (whole
     epochs repeat), the consumer touching each batch on its stream (as training would)."""
     import torch
     import zfeed
     loader = zfeed.Loader(store, inputs=VARIABLES, targets=VARIABLES, batch_size=batch_size, seed=0,
-                          dtype=dtype, device=device, decode=decode)
+                          dtype=dtype, device=device, decode=decode, gds=gds)
     stream = torch.cuda.current_stream() if torch.cuda.is_available() else None
     batches = 0
     nbytes = 0
@@ -126,7 +126,8 @@ def measure_loader(store: Path, device: str, dtype: str, batch_size: int, second
                         stream.synchronize()
                     elapsed = time.perf_counter() - start
                     stats = loader.stats()
-                    row = {"device": device + (" + .to(cuda)" if to_cuda else ""), "dtype": dtype, "decode": decode,
+                    row = {"device": device + (" + .to(cuda)" if to_cuda else ""), "dtype": dtype,
+                           "decode": decode + (f", gds {gds}" if gds else ""),
                            "batch_size": batch_size, "batches": batches_measured, "seconds": elapsed,
                            "gb_per_s": nbytes / elapsed / 1e9,
                            "samples_per_s": batches_measured * batch_size / elapsed,
@@ -192,13 +193,20 @@ def main() -> int:
 
     if "loader" not in skip:
         rows = []
-        for device, dtype, to_cuda, decode in (("cuda", "float32", False, "cpu"), ("cuda", "float32", False, "gpu"),
-                                               ("cuda", "bfloat16", False, "gpu"), ("cuda", "float32", False, "auto"),
-                                               ("cpu", "float32", True, "cpu"), ("cpu", "float32", False, "cpu")):
-            log(f"loader: device={device} dtype={dtype} decode={decode}{' + .to(cuda)' if to_cuda else ''}")
+        import zfeed
+        # Chunks read by cuFile into GPU memory (compat mode where nvidia-fs is not loaded).
+        cufile = zfeed._core.gds_status("on")
+        log(f"cuFile: {cufile['mode']} ({cufile['reason']})")
+        configurations = [("cuda", "float32", False, "cpu", None), ("cuda", "float32", False, "gpu", "off"),
+                          ("cuda", "bfloat16", False, "gpu", "off"), ("cuda", "float32", False, "auto", None),
+                          ("cpu", "float32", True, "cpu", None), ("cpu", "float32", False, "cpu", None)]
+        if cufile["available"]:
+            configurations.insert(2, ("cuda", "float32", False, "gpu", "on"))
+        for device, dtype, to_cuda, decode, gds in configurations:
+            log(f"loader: device={device} dtype={dtype} decode={decode} gds={gds}{' + .to(cuda)' if to_cuda else ''}")
             try:
                 rows.append(measure_loader(store, device, dtype, args.batch_size, args.seconds, to_cuda,
-                                           decode=decode))
+                                           decode=decode, gds=gds))
             except Exception as error:  # one failed row must not cost the others
                 log(f"  failed: {error}")
                 continue
@@ -210,6 +218,9 @@ def main() -> int:
             goal = "5 GB/s" if r["device"] == "cuda" else ""
             used = (r["stats"].get("device") or {}).get("decode", {})
             in_use = f"{used.get('mode', 'cpu')}: {used.get('reason', '')}" if used else "cpu"
+            read = (r["stats"].get("device") or {}).get("read", {})
+            if read.get("mode") in ("gds", "compat"):
+                in_use += f"; chunks read by cuFile ({read['mode']})"
             lines.append(f"| {r['device']} | {r['dtype']} | {r['decode']} | {r['samples_per_s']:.1f} | "
                          f"{r['gb_per_s']:.2f} | {in_use} | {goal} |")
         lines.append("")

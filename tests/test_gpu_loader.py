@@ -173,6 +173,13 @@ def test_gpu_decode_needs_a_cuda_device():
         zfeed.Loader("unused.zarr", inputs=["t2m"], decode="gpu")
 
 
+def test_gds_needs_a_cuda_device_and_a_known_policy():
+    with pytest.raises(zfeed.ZarrError, match="gds='on' needs device='cuda'"):
+        zfeed.Loader("unused.zarr", inputs=["t2m"], gds="on")
+    with pytest.raises(zfeed.ZarrError, match="gds must be 'auto', 'on' or 'off', got 'yes'"):
+        zfeed.Loader("unused.zarr", inputs=["t2m"], device="cuda", gds="yes")
+
+
 @needs_gpu
 @pytest.mark.parametrize("compressor", ["zstd:3", "gzip:5", "lz4", "zlib:1", "blosc:lz4:5"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -233,3 +240,68 @@ def test_auto_decode_measures_both_paths_and_says_which(tmp_path):
     decode = loader.stats()["device"]["decode"]
     assert decode["asked"] == "auto" and decode["mode"] in ("cpu", "gpu")
     assert decode["reason"].startswith("auto: ") and decode["auto_cpu_ms_per_batch"] > 0
+
+
+def cufile_usable():
+    status = zfeed._core.gds_status("on")
+    return status["available"], status["reason"]
+
+
+def test_gds_status_says_whether_cufile_reads_and_why():
+    status = zfeed._core.gds_status("auto")
+    assert status["mode"] in ("gds", "compat", "off") and status["reason"], status
+    off = zfeed._core.gds_status("off")
+    assert not off["available"] and off["mode"] == "off", off
+    assert off["reason"].startswith("turned off") or off["reason"] == "zfeed was built without CUDA", off
+    with pytest.raises(zfeed.ZarrError, match="gds='sometimes': expected off, auto or on"):
+        zfeed._core.gds_status("sometimes")
+
+
+@needs_gpu
+@pytest.mark.parametrize("shards", [None, (8, LAT, LON)])
+@pytest.mark.parametrize("compressor", ["zstd:3", "lz4", "zlib:1"])
+def test_chunks_read_by_cufile_into_gpu_memory_decode_as_on_the_cpu(tmp_path, shards, compressor):
+    usable, reason = cufile_usable()
+    if not usable:
+        pytest.skip(f"cuFile is unavailable: {reason}")
+    path = make_codec_store(tmp_path / "gds.zarr", compressor, shards=shards)
+    args = dict(inputs=NAMES, targets=NAMES, batch_size=4, seed=5, drop_last=False)
+    gpu = zfeed.Loader(path, device="cuda", decode="gpu", gds="on", **args)
+    for want, got in zip(zfeed.Loader(path, **args), gpu, strict=True):
+        np.testing.assert_array_equal(bits(torch_to_numpy(got["inputs"])), bits(want["inputs"]))
+        np.testing.assert_array_equal(bits(torch_to_numpy(got["targets"])), bits(want["targets"]))
+    read = gpu.stats()["device"]["read"]
+    assert read["asked"] == "on" and read["mode"] in ("gds", "compat"), read
+    assert read["chunks_to_device"] > 0 and read["failures"] == 0, read
+
+
+@needs_gpu
+def test_a_corrupt_chunk_read_into_gpu_memory_is_caught_on_the_gpu(tmp_path):
+    usable, reason = cufile_usable()
+    if not usable:
+        pytest.skip(f"cuFile is unavailable: {reason}")
+    path = make_codec_store(tmp_path / "corrupt-gds.zarr", "zstd:3")
+    chunk = path / "u500" / "c" / "7" / "0" / "0"
+    chunk.write_bytes(chunk.read_bytes()[:-100])  # truncated: the GPU's frame check catches it
+    loader = zfeed.Loader(path, inputs=NAMES, targets=NAMES, batch_size=4, shuffle=False, device="cuda",
+                          decode="gpu", gds="on")
+    for _ in range(2):  # the same batch again, not garbage
+        with pytest.raises(zfeed.ZarrError, match="u500/c/7/0/0"):
+            for _ in loader:
+                pass
+    device = loader.stats()["device"]
+    assert "u500/c/7/0/0: GPU zstd decode failed: frame truncated" in device["last_gpu_decode_error"], device
+
+
+@needs_gpu
+def test_gds_off_and_auto_say_how_chunks_are_read(tmp_path):
+    path = make_codec_store(tmp_path / "read.zarr", "zstd:3")
+    args = dict(inputs=NAMES, targets=NAMES, batch_size=4, device="cuda", decode="gpu")
+    off = zfeed.Loader(path, gds="off", **args)
+    next(iter(off))
+    read = off.stats()["device"]["read"]
+    assert (read["asked"], read["mode"], read["reason"]) == ("off", "host", "gds=off"), read
+    auto = zfeed.Loader(path, gds="auto", **args)
+    next(iter(auto))
+    read = auto.stats()["device"]["read"]
+    assert read["asked"] == "auto" and read["mode"] in ("gds", "host") and read["reason"], read

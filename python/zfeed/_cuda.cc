@@ -1,4 +1,5 @@
-// zfeed._core.cuda_status(): whether CUDA is usable here and why not (a dict); with CUDA,
+// zfeed._core.cuda_status(): whether CUDA is usable here and why not (a dict); gds_status(): the
+// same for GPUDirect Storage reads; with CUDA,
 // zfeed._core.DeviceLoader (batches on the GPU) and its tensors, which speak DLPack with stream
 // semantics: __dlpack__(stream=s) makes the consumer's stream s wait on the batch's copy event,
 // and when the consumer frees the tensor an event recorded on s tells zfeed when the memory may
@@ -18,6 +19,7 @@
 
 #include "_loader.h"
 #include "zfeed/cuda/device_loader.h"
+#include "zfeed/cuda/gds.h"
 #include "zfeed/util/error.h"
 #endif
 
@@ -220,6 +222,32 @@ void bind_cuda(nb::module_& m) {
     return out;
   });
 
+  // GPUDirect Storage (cuFile) under a policy ("auto", "on", "off"; "": ZFEED_GDS).
+  m.def(
+      "gds_status",
+      [](const std::string& policy) {
+        nb::dict out;
+#if ZFEED_HAVE_CUDA
+        const zfeed::cuda::GdsStatus status =
+            policy.empty() ? zfeed::cuda::gds_status()
+                           : zfeed::cuda::gds_status(zfeed::cuda::gds_policy_from_name(policy, "gds"));
+        out["available"] = status.available;
+        out["mode"] = status.mode;
+        out["reason"] = status.reason;
+        out["library"] = status.library;
+        out["version"] = status.version;
+#else
+        (void)policy;
+        out["available"] = false;
+        out["mode"] = "off";
+        out["reason"] = "zfeed was built without CUDA";
+        out["library"] = "";
+        out["version"] = 0;
+#endif
+        return out;
+      },
+      "policy"_a = "");
+
 #if ZFEED_HAVE_CUDA
   nb::class_<CudaTensor>(m, "CudaTensor",
                          "A tensor of a device batch; zero-copy into torch or CuPy via DLPack")
@@ -245,13 +273,13 @@ void bind_cuda(nb::module_& m) {
   cls.def(
          "__init__",
          [](DeviceLoader* self, std::shared_ptr<zfeed::Store> store, const std::string& spec,
-            int device, uint64_t depth, const std::string& decode) {
+            int device, uint64_t depth, const std::string& decode, const std::string& gds) {
            auto parsed = zfeed::loader::LoaderSpec::from_json(
                std::move(store), zfeed::parse_json(spec, "loader spec from Python"));
            nb::gil_scoped_release release;
-           new (self) DeviceLoader(std::move(parsed), {device, depth, decode});
+           new (self) DeviceLoader(std::move(parsed), {device, depth, decode, gds});
          },
-         "store"_a, "spec"_a, "device"_a = 0, "depth"_a = 2, "decode"_a = "cpu")
+         "store"_a, "spec"_a, "device"_a = 0, "depth"_a = 2, "decode"_a = "cpu", "gds"_a = "")
       .def("next",
            [](DeviceLoader& loader) -> nb::object {
              std::optional<DeviceBatch> batch;

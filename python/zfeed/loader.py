@@ -151,7 +151,13 @@ class Loader:
     the stored chunks; nvCOMP decodes zstd, gzip, zlib and LZ4 chunks on the GPU in one batched
     call per codec; other codecs still decode on the CPU, in the same batch) or "auto" (measures
     both on the first batches, keeps the faster); ``stats()["device"]["decode"]`` says which runs
-    and why.
+    and why. ``gds`` (chunks that decode on the GPU, from a local store): "auto" (cuFile reads
+    them straight into GPU memory where GPUDirect Storage runs in full, with the nvidia-fs
+    driver; elsewhere the host reads them into pinned memory), "on" (always cuFile, also in its
+    compat mode; an error where it is unavailable), "off" (the host reads); None takes the
+    ``ZFEED_GDS`` environment variable, else "auto". ``stats()["device"]["read"]`` says which
+    and why. Chunks read into GPU memory are checked on the GPU before nvCOMP sees them, by the
+    same code as the host's check.
     ``drop_last``: True drops the remainder of the epoch that does not divide evenly among the
     ranks and the last incomplete batch; False pads every rank to the same count by repeating the
     epoch's first samples (as PyTorch's DistributedSampler does) and keeps the last, smaller batch.
@@ -163,12 +169,17 @@ class Loader:
                  prefetch: int = 2, epoch: int = 0, crop: Sequence[int] | None = None, path: str | None = None,
                  random_crop: Sequence[int] | None = None, dtype: str = "float32", order: str = "auto",
                  window: int = 0, cache_bytes: int | None = None, stacked: str = "data",
-                 device: str = "cpu", framework: str = "torch", device_buffers: int = 3, decode: str = "cpu"):
+                 device: str = "cpu", framework: str = "torch", device_buffers: int = 3, decode: str = "cpu",
+                 gds: str | None = None):
         if decode not in ("cpu", "gpu", "auto"):
             raise _core.ZarrError(f"loader: decode must be 'cpu', 'gpu' or 'auto', got {decode!r}")
+        if gds not in (None, "auto", "on", "off"):
+            raise _core.ZarrError(f"loader: gds must be 'auto', 'on' or 'off', got {gds!r}")
         self._device = _device(device)
         if self._device is None and decode != "cpu":
             raise _core.ZarrError(f"loader: decode={decode!r} needs device='cuda' (the batches go to the GPU)")
+        if self._device is None and gds is not None:
+            raise _core.ZarrError(f"loader: gds={gds!r} needs device='cuda' (it reads chunks into GPU memory)")
         if self._device is not None:
             self._convert = _from_dlpack(framework)
             if int(device_buffers) < 2:
@@ -217,7 +228,7 @@ class Loader:
             self._core = _core.Loader(core_store, json.dumps(spec))
         else:
             self._core = _core.DeviceLoader(core_store, json.dumps(spec), self._device, int(device_buffers) - 1,
-                                            decode)
+                                            decode, gds or "")
         self._random_crop = random_crop is not None
 
     def __len__(self) -> int:
@@ -320,8 +331,10 @@ class Loader:
         (waiting for host batches), copy_wait_s (waiting for a copy to free a host buffer), slots
         (device batch buffers), registered_bytes (host batch memory pinned), copy_s (GPU time of
         the copies), chunks_gpu_decoded, bytes_gpu_decoded, compressed_to_device,
-        gpu_decode_failures and last_gpu_decode_error (such batches decode again on the CPU), and decode:
-        {asked, mode, reason, auto_cpu_ms_per_batch, auto_gpu_ms_per_batch}."""
+        gpu_decode_failures and last_gpu_decode_error (such batches decode again on the CPU), decode:
+        {asked, mode, reason, auto_cpu_ms_per_batch, auto_gpu_ms_per_batch}, and read: {asked, mode
+        ("gds" or "compat": cuFile into GPU memory; "host"), reason, chunks_to_device,
+        bytes_to_device, cufile_bytes, fallback_bytes, failures, last_error}."""
         return json.loads(self._core.stats_json())
 
     def __repr__(self) -> str:

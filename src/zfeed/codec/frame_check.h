@@ -5,29 +5,21 @@
 // behaviour there), so each chunk's container is checked here first: the zstd frame structure
 // (magic, header, every block header, the checksum field: a truncated frame is caught here), the
 // LZ4 size header, the gzip header and its size trailer, the zlib header. A parser of untrusted
-// bytes: CUDA-free (it needs only the standard library), so that fuzz builds, which leave the CUDA
-// layer out, fuzz it (fuzz/frame_check_fuzz.cc). The CUDA layer takes these names into
-// zfeed::cuda (src/zfeed/cuda/gpu_decode.h).
+// bytes (its core, frame_check_core.h, also runs on the GPU): CUDA-free (it needs only the standard
+// library), so that fuzz builds, which leave the CUDA layer out, fuzz it
+// (fuzz/frame_check_fuzz.cc). The CUDA layer takes these names into zfeed::cuda
+// (src/zfeed/cuda/gpu_decode.h).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
 
+#include "zfeed/codec/frame_check_core.h"
+
 namespace zfeed::codec {
 
-// The stored forms nvCOMP decodes in one step.
-enum class GpuCodec : uint8_t {
-  kZstd,      // a zstd frame (v3 "zstd", v2 "zstd"), with or without a content size
-  kLz4,       // numcodecs' LZ4 (v2 "lz4", v3 "numcodecs.lz4"): a 4-byte little-endian decoded
-              // size, then an LZ4 block
-  kLz4Block,  // a bare LZ4 block
-  kGzip,      // RFC 1952 (v3 "gzip", v2 "gzip")
-  kZlib,      // RFC 1950 (v2 "zlib", v3 "numcodecs.zlib"): decoded as the raw deflate stream
-              // inside (its Adler-32 is not checked)
-  kDeflate,   // a raw RFC 1951 deflate stream
-};
-inline constexpr int kGpuCodecCount = 6;
+// GpuCodec, FrameVerdict and check_frame(): zfeed/codec/frame_check_core.h (host and device).
 
 // "zstd", "lz4", "lz4 block", "gzip", "zlib", "deflate".
 const char* gpu_codec_name(GpuCodec codec);
@@ -42,5 +34,9 @@ struct GpuPayload {
   std::string error;
 };
 GpuPayload gpu_payload(GpuCodec codec, const uint8_t* data, size_t size, size_t decoded_size);
+
+// The message of a verdict's problem ("" for kNone), as gpu_payload gives it: for verdicts made on
+// the GPU (check_frame over device memory).
+std::string describe(const FrameVerdict& verdict);
 
 }  // namespace zfeed::codec

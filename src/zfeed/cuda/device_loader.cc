@@ -1,8 +1,11 @@
 #include "zfeed/cuda/device_loader.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <exception>
+#include <thread>
 #include <utility>
 
 #include "zfeed/cuda/check.h"
@@ -83,7 +86,17 @@ Json DeviceLoaderStats::to_json() const {
                 {"mode", decode_mode},
                 {"reason", decode_reason},
                 {"auto_cpu_ms_per_batch", auto_cpu_ms},
-                {"auto_gpu_ms_per_batch", auto_gpu_ms}}}};
+                {"auto_gpu_ms_per_batch", auto_gpu_ms}}},
+              {"read",
+               {{"asked", read_asked},
+                {"mode", read_mode},
+                {"reason", read_reason},
+                {"chunks_to_device", chunks_read_to_device},
+                {"bytes_to_device", bytes_read_to_device},
+                {"cufile_bytes", cufile_bytes},
+                {"fallback_bytes", read_fallback_bytes},
+                {"failures", read_failures},
+                {"last_error", last_read_error}}}};
 }
 
 DeviceLoader::DeviceLoader(loader::LoaderSpec spec, DeviceLoaderOptions options)
@@ -132,6 +145,7 @@ DeviceLoader::DeviceLoader(loader::LoaderSpec spec, DeviceLoaderOptions options)
       }
     }
   }
+  choose_read_path();
   const uint64_t in_raw =
       product(host_->input_shape()) * output_size(host_->assembled_input_type());
   const uint64_t out_raw =
@@ -144,6 +158,7 @@ DeviceLoader::~DeviceLoader() {
   try {
     set_device(options_.device);
     drain();
+    if (located_registered_) reader_->deregister_buffer(located_.data());
   } catch (const Error&) {
   }
   // The host loader frees its buffers: unpin them first.
@@ -159,6 +174,120 @@ void DeviceLoader::pin(const loader::Batch& batch) {
     pinned_.insert(bytes->data());
     stats_.registered_bytes += bytes->size();
   }
+}
+
+void DeviceLoader::choose_read_path() {
+  const GdsPolicy policy =
+      options_.gds.empty() ? gds_policy_from_env() : gds_policy_from_name(options_.gds, "gds");
+  const std::string asked = options_.gds.empty() ? "ZFEED_GDS" : "gds";
+  stats_.read_asked = gds_policy_name(policy);
+  stats_.read_mode = "host";
+  if (!decoder_) {
+    stats_.read_reason = "chunks decode on the CPU, so the host reads them";
+    return;
+  }
+  if (policy == GdsPolicy::kOff) {
+    stats_.read_reason = asked + "=off";
+    return;
+  }
+  bool local = false;
+  for (size_t a = 0; a < host_->num_arrays(); ++a)
+    local = local || host_->array(a).stored_locally();
+  if (!local) {
+    stats_.read_reason = "the store keeps no local files (cuFile reads local files only)";
+    if (policy == GdsPolicy::kOn)
+      throw UnsupportedError(
+          asked + "=on: GPUDirect Storage reads need a local store: " + stats_.read_reason);
+    return;
+  }
+  const GdsStatus status = gds_status(policy);
+  if (policy == GdsPolicy::kAuto && status.mode != "gds") {
+    // Without nvidia-fs, cuFile itself reads through bounce buffers: the host loader's threads,
+    // reading into pinned batch memory, do the same work in parallel with decoding.
+    stats_.read_reason = status.mode == "compat"
+                             ? "cuFile would run in compat mode (" + status.reason +
+                                   "): the host reads into pinned memory instead"
+                             : status.reason;
+    return;
+  }
+  reader_ = std::make_unique<DeviceFileReader>(policy);  // with kOn: throws where unavailable
+  host_->set_locate_compressed(true);
+  stats_.read_mode = reader_->cufile_mode();
+  stats_.read_reason = status.reason;
+}
+
+void DeviceLoader::read_to_device(const loader::BatchMemory& memory,
+                                  std::vector<const uint8_t*>& device_src) {
+  // Each chunk goes where its device address agrees with its file offset modulo 4 KiB: cuFile
+  // then moves it whole (head and tail excepted) by DMA.
+  constexpr uint64_t kPage = 4096;
+  std::vector<uint64_t> places(memory.compressed_count, 0);
+  std::vector<size_t> todo;
+  uint64_t end = 0;
+  for (size_t i = 0; i < memory.compressed_count; ++i) {
+    const loader::CompressedChunk& chunk = memory.compressed[i];
+    if (chunk.decoded_size == 0 || chunk.file.empty()) continue;
+    places[i] = (end + kPage - 1) / kPage * kPage + chunk.file_offset % kPage;
+    end = places[i] + chunk.stored_size;
+    todo.push_back(i);
+  }
+  if (todo.empty()) return;
+  if (located_.size() < end) {
+    if (located_registered_) reader_->deregister_buffer(located_.data());
+    located_registered_ = false;
+    located_ = DeviceBuffer();
+    located_ = DeviceBuffer((end + end / 4 + (size_t{1} << 20) - 1) >> 20 << 20);
+    located_registered_ = reader_->register_buffer(located_.data(), located_.size());
+  }
+  // Several reads in flight: storage and cuFile both gain from them.
+  constexpr size_t kReadThreads = 8;
+  const size_t threads = std::min(todo.size(), kReadThreads);
+  std::atomic<size_t> next{0};
+  std::mutex failure_mutex;
+  std::exception_ptr failure;
+  auto work = [&] {
+    try {
+      set_device(options_.device);
+      for (size_t k = next++; k < todo.size(); k = next++) {
+        const loader::CompressedChunk& chunk = memory.compressed[todo[k]];
+        try {
+          reader_->read(chunk.file, chunk.file_offset, chunk.stored_size,
+                        located_.data() + places[todo[k]]);
+        } catch (const Error& error) {
+          throw Error(chunk.key + ": reading it into GPU memory: " + error.what());
+        }
+      }
+    } catch (...) {
+      std::lock_guard lock(failure_mutex);
+      if (!failure) failure = std::current_exception();
+      next = todo.size();
+    }
+  };
+  std::vector<std::thread> helpers;
+  for (size_t t = 1; t < threads; ++t) helpers.emplace_back(work);
+  work();
+  for (std::thread& helper : helpers) helper.join();
+  if (failure) std::rethrow_exception(failure);
+  for (size_t i : todo) {
+    device_src[i] = located_.data() + places[i];
+    ++stats_.chunks_read_to_device;
+    stats_.bytes_read_to_device += memory.compressed[i].stored_size;
+  }
+  const DeviceFileReader::Stats read = reader_->stats();
+  stats_.cufile_bytes = read.cufile_bytes;
+  stats_.read_fallback_bytes = read.fallback_bytes;
+}
+
+void DeviceLoader::read_failed(const Error& error) {
+  // The batch goes again with the host reading its chunks, as every later batch does: a chunk
+  // that cannot be read at all then fails there with the CPU path's error.
+  ++stats_.read_failures;
+  stats_.last_read_error = error.what();
+  stats_.read_mode = "host";
+  stats_.read_reason =
+      std::string("a cuFile read failed, so the host reads from then on: ") + error.what();
+  host_->set_locate_compressed(false);
+  reset_pipeline();
 }
 
 DeviceSlot* DeviceLoader::free_slot() {
@@ -208,23 +337,37 @@ bool DeviceLoader::enqueue() {
   const cudaStream_t stream = copy_stream_.get();
   // Chunks handed over compressed decode on the GPU into their planes of the staging buffers;
   // the host buffers are copied only where the host filled some plane.
-  if (decoder_ && decoder_->pending()) finish_decode();
+  if (decoder_ && decoder_->pending()) finish_decode();  // frees located_ too
   items_.clear();
   uint64_t gpu_in = 0, gpu_out = 0, compressed_bytes = 0;
   const auto& memory = *host.memory;
+  device_src_.assign(memory.compressed_count, nullptr);
+  if (reader_ && host_->locate_compressed()) {
+    try {
+      read_to_device(memory, device_src_);
+    } catch (const Error& error) {
+      read_failed(error);
+    }
+  }
   for (size_t i = 0; i < memory.compressed_count; ++i) {
     const loader::CompressedChunk& chunk = memory.compressed[i];
     if (chunk.decoded_size == 0) continue;
     GpuDecodeItem item;
     item.codec = codecs_[chunk.array];
-    item.src = chunk.data.data();
-    item.src_size = chunk.data.size();
+    if (device_src_[i]) {
+      item.src = device_src_[i];
+      item.src_size = chunk.stored_size;
+      item.src_on_device = true;
+    } else {
+      item.src = chunk.data.data();
+      item.src_size = chunk.data.size();
+      compressed_bytes += chunk.data.size();
+    }
     item.dst = (chunk.target ? staging_targets_ : staging_inputs_).data() + chunk.offset;
     item.decoded_size = chunk.decoded_size;
     item.key = chunk.key;
     items_.push_back(item);
     (chunk.target ? gpu_out : gpu_in) += 1;
-    compressed_bytes += chunk.data.size();
   }
   flight.copy.started = std::make_shared<Event>(true);
   flight.copy.started->record(stream);
@@ -315,7 +458,7 @@ std::optional<DeviceBatch> DeviceLoader::next() {
   for (;;) {
     try {
       return next_batch();
-    } catch (const GpuDecodeFailed&) {
+    } catch (const PipelineReset&) {
       // The pipeline was reset to the first batch not handed out, which now decodes on the CPU.
     }
   }
@@ -363,13 +506,17 @@ void DeviceLoader::fall_back_to_cpu(uint64_t batch_index, const Error& error) {
   // after the failed batch.
   ++stats_.gpu_decode_failures;
   stats_.last_gpu_decode_error = error.what();
+  host_->set_pass_compressed(false);
+  cpu_until_ = batch_index;
+  reset_pipeline();
+}
+
+void DeviceLoader::reset_pipeline() {
   const Json position = state();
   drain();
-  host_->set_pass_compressed(false);
   host_->restore(position);
   host_finished_ = false;
-  cpu_until_ = batch_index;
-  throw GpuDecodeFailed{};
+  throw PipelineReset{};
 }
 
 void DeviceLoader::probe(const InFlight& flight) {

@@ -23,6 +23,7 @@
 
 #include "zfeed/cuda/cast_kernels.h"
 #include "zfeed/cuda/copy_stream.h"
+#include "zfeed/cuda/gds.h"
 #include "zfeed/cuda/gpu_decode.h"
 #include "zfeed/loader/loader.h"
 #include "zfeed/util/error.h"
@@ -40,6 +41,12 @@ struct DeviceLoaderOptions {
   // not cover still decode on the CPU, in the same batch), "auto" (measures both on the first
   // batches and keeps the faster).
   std::string decode = "cpu";
+  // How chunks that decode on the GPU are read, where their store keeps local files: "auto" (by
+  // cuFile straight into GPU memory where GPUDirect Storage runs in full, i.e. with the nvidia-fs
+  // driver; else by the host through its pinned batch memory), "on" (always by cuFile, also in
+  // its compat mode; an error where cuFile is unavailable), "off" (by the host). "" takes
+  // ZFEED_GDS, else "auto".
+  std::string gds = "";
 };
 
 class DeviceLoader;
@@ -109,6 +116,13 @@ struct DeviceLoaderStats {
   // batch of each path (max of host assembly and GPU time, in ms).
   std::string decode_asked, decode_mode, decode_reason;
   double auto_cpu_ms = 0, auto_gpu_ms = 0;
+  // read: how chunks that decode on the GPU are read: asked ("auto", "on", "off"), mode ("gds" or
+  // "compat": cuFile into GPU memory; "host": the host loader's reads), why; what cuFile read.
+  std::string read_asked, read_mode = "host", read_reason;
+  uint64_t chunks_read_to_device = 0, bytes_read_to_device = 0;
+  uint64_t cufile_bytes = 0, read_fallback_bytes = 0;  // of those: by cuFile, by pinned copies
+  uint64_t read_failures = 0;                          // after one, the host reads
+  std::string last_read_error;
   Json to_json() const;
 };
 
@@ -152,11 +166,17 @@ class DeviceLoader {
     uint64_t host_ns = 0;        // the host loader's assembly time
     DeviceSlot* slot = nullptr;  // for decode="auto"'s timing
   };
-  bool enqueue();             // one more batch onto the copy stream; false at the end of the epoch
-  struct GpuDecodeFailed {};  // the pipeline was reset: start again (next() catches it)
+  bool enqueue();           // one more batch onto the copy stream; false at the end of the epoch
+  struct PipelineReset {};  // the batches in flight were dropped: start again (next() catches it)
   std::optional<DeviceBatch> next_batch();
   void finish_decode();  // checks the last batch's GPU decode; on failure falls back to the CPU
   [[noreturn]] void fall_back_to_cpu(uint64_t batch_index, const Error& error);
+  [[noreturn]] void reset_pipeline();  // back to the first batch not handed out
+  void choose_read_path();
+  // Reads the batch's located chunks into located_ with cuFile; their device addresses go into
+  // `device_src` (by index in memory.compressed).
+  void read_to_device(const loader::BatchMemory& memory, std::vector<const uint8_t*>& device_src);
+  [[noreturn]] void read_failed(const Error& error);
   void probe(const InFlight& flight);  // decode="auto": times the batch, decides when done
   void drain();                        // waits for the copy stream and drops everything in flight
   void release_copied_host_batches(bool wait_for_all);
@@ -176,8 +196,12 @@ class DeviceLoader {
   bool host_finished_ = false;  // the host loader reported the end of the epoch
   DeviceLoaderStats stats_;
   std::unique_ptr<GpuDecoder> decoder_;
+  std::unique_ptr<DeviceFileReader> reader_;  // where chunks are read by cuFile
+  DeviceBuffer located_;                      // the compressed chunks cuFile read
+  bool located_registered_ = false;           // located_ is registered with cuFile
   std::vector<GpuCodec> codecs_;  // per host array: how nvCOMP decodes its chunks (where it does)
   std::vector<GpuDecodeItem> items_;
+  std::vector<const uint8_t*> device_src_;  // per compressed chunk: where cuFile put it, or null
   // decode="auto": batches measured per path (the first of each path is left out as warm-up).
   std::vector<double> probe_cpu_ms_, probe_gpu_ms_;
   bool probing_ = false;

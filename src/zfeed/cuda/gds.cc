@@ -578,13 +578,14 @@ std::string file_size_text(int fd) {
 
 }  // namespace
 
-GdsPolicy gds_policy_from_env() {
-  const std::string value = env("ZFEED_GDS");
+GdsPolicy gds_policy_from_name(const std::string& value, const std::string& what) {
   if (value.empty() || value == "auto") return GdsPolicy::kAuto;
   if (value == "off") return GdsPolicy::kOff;
   if (value == "on") return GdsPolicy::kOn;
-  throw Error("ZFEED_GDS='" + value + "': expected off, auto or on");
+  throw Error(what + "='" + value + "': expected off, auto or on");
 }
+
+GdsPolicy gds_policy_from_env() { return gds_policy_from_name(env("ZFEED_GDS"), "ZFEED_GDS"); }
 
 const char* gds_policy_name(GdsPolicy policy) {
   switch (policy) {

@@ -28,7 +28,10 @@ namespace zfeed::cuda {
 
 enum class GdsPolicy { kOff, kAuto, kOn };
 
-// ZFEED_GDS as a policy (unset or "" is kAuto). Throws zfeed::Error for any other value.
+// "off", "auto" or "on" as a policy ("" is kAuto). Throws zfeed::Error for any other value,
+// naming `what` (the setting it came from: "ZFEED_GDS", "gds").
+GdsPolicy gds_policy_from_name(const std::string& value, const std::string& what);
+// ZFEED_GDS as a policy (unset or "" is kAuto).
 GdsPolicy gds_policy_from_env();
 const char* gds_policy_name(GdsPolicy policy);  // "off", "auto", "on"
 

@@ -19,6 +19,7 @@
 
 #include "zfeed/cuda/check.h"
 #include "zfeed/cuda/copy_stream.h"
+#include "zfeed/cuda/frame_check_kernel.h"
 #endif
 
 namespace zfeed::cuda {
@@ -211,9 +212,10 @@ struct FamilyOptions {
 };
 
 // A batch's arrays, the same layout in pinned staging and on the device: six arrays of n entries
-// (8 bytes each; statuses take 4 of them), then the payloads.
+// (8 bytes each; statuses take 4 of them), the codecs (a byte each), then for the m entries whose
+// bytes are on the device their positions and the GPU's verdicts on them, then the payloads.
 struct Layout {
-  size_t n = 0;
+  size_t n = 0, m = 0;
   size_t in_ptrs() const { return 0; }
   size_t in_sizes() const { return 8 * n; }
   size_t out_ptrs() const { return 16 * n; }
@@ -221,7 +223,11 @@ struct Layout {
   size_t out_actual() const { return 32 * n; }  // read back with the statuses
   size_t statuses() const { return 40 * n; }
   size_t results_bytes() const { return 16 * n; }
-  size_t payloads() const { return round_up(48 * n, 256); }
+  size_t codecs() const { return 48 * n; }
+  size_t positions() const { return round_up(49 * n, 8); }
+  size_t verdicts() const { return round_up(positions() + 4 * m, 8); }  // read back
+  size_t verdicts_bytes() const { return m * sizeof(codec::FrameVerdict); }
+  size_t payloads() const { return round_up(verdicts() + verdicts_bytes(), 256); }
 };
 
 struct Group {
@@ -260,6 +266,7 @@ struct GpuDecoder::Impl {
     GpuCodec codec;
     size_t decoded_size;
     std::string key;
+    int64_t verdict = -1;  // its verdict's index, where its bytes were checked on the GPU
   };
   std::vector<Record> records;  // by sorted position
   bool pending = false;
@@ -362,6 +369,7 @@ struct GpuDecoder::Impl {
       const size_t begin = total * t / threads, end = total * (t + 1) / threads;
       size_t at = 0;
       for (size_t pos = 0; pos < order.size() && at < end; ++pos) {
+        if (items[order[pos]].src_on_device) continue;
         const GpuPayload& p = payloads[order[pos]];
         const size_t lo = std::max(at, begin), hi = std::min(at + p.size, end);
         if (lo < hi)
@@ -386,6 +394,14 @@ struct GpuDecoder::Impl {
       const GpuDecodeItem& item = items[i];
       if (item.decoded_size == 0) continue;
       if (item.dst == nullptr) throw Error(item_error(item, "no destination (null pointer)"));
+      if (item.src_on_device) {
+        // Checked on the GPU once the batch is there (launch_frame_checks).
+        if (item.src == nullptr && item.src_size > 0)
+          throw Error(item_error(item, "no source bytes (null pointer)"));
+        payloads[i] = GpuPayload{0, item.src_size, ""};
+        todo.push_back(i);
+        continue;
+      }
       payloads[i] = gpu_payload(item.codec, item.src, item.src_size, item.decoded_size);
       if (!payloads[i].error.empty()) throw Error(item_error(item, payloads[i].error));
       todo.push_back(i);
@@ -406,6 +422,14 @@ struct GpuDecoder::Impl {
     order = std::move(todo);
     const size_t n = order.size();
     layout.n = n;
+    layout.m = 0;
+    for (size_t index : order) layout.m += items[index].src_on_device ? 1 : 0;
+    // Device chunks whose payload nvCOMP cannot read in place get a copy in the payload area.
+    struct Realign {
+      size_t position;
+      size_t offset;
+    };
+    std::vector<Realign> realigns;
     groups.clear();
     bounces.clear();
     records.clear();
@@ -422,10 +446,21 @@ struct GpuDecoder::Impl {
       g.total += item.decoded_size;
       const size_t input_alignment =
           std::max(kPayloadAlignment, alignments[static_cast<int>(family)].input);
-      at = round_up(at, input_alignment);
-      offsets[pos] = at;
-      at += payloads[order[pos]].size;
-      payload_bytes += payloads[order[pos]].size;
+      if (item.src_on_device) {
+        const size_t skip = codec::payload_offset(item.codec);
+        const auto payload_address = reinterpret_cast<uintptr_t>(item.src) + skip;
+        const size_t needed = std::max<size_t>(alignments[static_cast<int>(family)].input, 1);
+        if (payload_address % needed != 0) {
+          at = round_up(at + skip, input_alignment) - skip;
+          realigns.push_back({pos, at});
+          at += item.src_size;
+        }
+      } else {
+        at = round_up(at, input_alignment);
+        offsets[pos] = at;
+        at += payloads[order[pos]].size;
+        payload_bytes += payloads[order[pos]].size;
+      }
       const size_t output_alignment = alignments[static_cast<int>(family)].output;
       if (reinterpret_cast<uintptr_t>(item.dst) % std::max<size_t>(output_alignment, 1) != 0) {
         bounces.push_back({pos, item.dst, bounce_bytes, item.decoded_size});
@@ -433,6 +468,10 @@ struct GpuDecoder::Impl {
       }
       records.push_back({item.codec, item.decoded_size, std::string(item.key)});
     }
+    size_t verdict_count = 0;
+    for (size_t pos = 0; pos < n; ++pos)
+      if (items[order[pos]].src_on_device)
+        records[pos].verdict = static_cast<int64_t>(verdict_count++);
     const size_t total = at;
 
     temp_bytes = 0;
@@ -449,11 +488,24 @@ struct GpuDecoder::Impl {
     uint8_t* base = device.data();
     auto host_ptrs = [&](size_t offset) { return reinterpret_cast<void**>(host + offset); };
     auto host_sizes = [&](size_t offset) { return reinterpret_cast<size_t*>(host + offset); };
-    size_t bounce_index = 0;
+    size_t bounce_index = 0, realign_index = 0;
+    auto* positions = reinterpret_cast<uint32_t*>(host + layout.positions());
     for (size_t pos = 0; pos < n; ++pos) {
       const GpuDecodeItem& item = items[order[pos]];
-      host_ptrs(layout.in_ptrs())[pos] = base + offsets[pos];
-      host_sizes(layout.in_sizes())[pos] = payloads[order[pos]].size;
+      if (item.src_on_device) {
+        // The stored bytes (or their aligned copy): the GPU's check moves the pointer to the
+        // payload and sets its size.
+        const void* src = item.src;
+        if (realign_index < realigns.size() && realigns[realign_index].position == pos)
+          src = base + realigns[realign_index++].offset;
+        host_ptrs(layout.in_ptrs())[pos] = const_cast<void*>(src);
+        host_sizes(layout.in_sizes())[pos] = item.src_size;
+        positions[records[pos].verdict] = static_cast<uint32_t>(pos);
+      } else {
+        host_ptrs(layout.in_ptrs())[pos] = base + offsets[pos];
+        host_sizes(layout.in_sizes())[pos] = payloads[order[pos]].size;
+      }
+      host[layout.codecs() + pos] = static_cast<uint8_t>(item.codec);
       void* out = item.dst;
       if (bounce_index < bounces.size() && bounces[bounce_index].position == pos)
         out = bounce.data() + bounces[bounce_index++].offset;
@@ -466,11 +518,29 @@ struct GpuDecoder::Impl {
 
     check(cudaMemcpyAsync(base, host, total, cudaMemcpyHostToDevice, s),
           "cudaMemcpyAsync (GPU decode input)");
+    for (const Realign& r : realigns) {
+      const GpuDecodeItem& item = items[order[r.position]];
+      check(cudaMemcpyAsync(base + r.offset, item.src, item.src_size, cudaMemcpyDeviceToDevice, s),
+            "cudaMemcpyAsync (aligning a chunk read to the device)");
+    }
+    DeviceFrameChecks checks;
+    checks.in_ptrs = reinterpret_cast<const void**>(base + layout.in_ptrs());
+    checks.in_sizes = reinterpret_cast<size_t*>(base + layout.in_sizes());
+    checks.out_capacity = reinterpret_cast<size_t*>(base + layout.out_capacity());
+    checks.codecs = base + layout.codecs();
+    checks.positions = reinterpret_cast<const uint32_t*>(base + layout.positions());
+    checks.checks = layout.m;
+    checks.verdicts = reinterpret_cast<codec::FrameVerdict*>(base + layout.verdicts());
+    launch_frame_checks(checks, s);
     launched = true;
     launch(s);
     check(cudaMemcpyAsync(host + layout.out_actual(), base + layout.out_actual(),
                           layout.results_bytes(), cudaMemcpyDeviceToHost, s),
           "cudaMemcpyAsync (GPU decode statuses)");
+    if (layout.m > 0)
+      check(cudaMemcpyAsync(host + layout.verdicts(), base + layout.verdicts(),
+                            layout.verdicts_bytes(), cudaMemcpyDeviceToHost, s),
+            "cudaMemcpyAsync (GPU frame checks)");
     pending = true;
     stream = s;
     ++stats.batches;
@@ -478,6 +548,8 @@ struct GpuDecoder::Impl {
     stats.compressed_bytes += payload_bytes;
     for (const Record& r : records) stats.decoded_bytes += r.decoded_size;
     stats.bounced_items += bounces.size();
+    stats.device_checked_items += layout.m;
+    stats.realigned_items += realigns.size();
   }
 
   void finish() {
@@ -497,10 +569,13 @@ struct GpuDecoder::Impl {
     // The first failure in the batch's order names the chunk; the count says how many more.
     size_t first = layout.n, failures = 0;
     std::string what;
+    const auto* verdicts = reinterpret_cast<const codec::FrameVerdict*>(host + layout.verdicts());
     for (size_t pos = 0; pos < layout.n; ++pos) {
       const Record& r = records[pos];
       std::string why;
-      if (statuses[pos] != nvcompSuccess) {
+      if (r.verdict >= 0 && verdicts[r.verdict].problem != codec::FrameProblem::kNone) {
+        why = codec::describe(verdicts[r.verdict]);  // never reached nvCOMP
+      } else if (statuses[pos] != nvcompSuccess) {
         why = status_text(statuses[pos]);
       } else if (actual[pos] != r.decoded_size) {
         why = "decoded " + std::to_string(actual[pos]) + " bytes, expected " +

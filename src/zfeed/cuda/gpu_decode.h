@@ -9,7 +9,8 @@
 // behaviour there), so each chunk's container is checked on the host before it goes to the GPU:
 // the zstd frame structure (magic, header, every block header, the checksum field: a truncated
 // frame is caught here), the LZ4 size header, the gzip header and its size trailer, the zlib
-// header (zfeed/codec/frame_check.h, fuzzed by fuzz/frame_check_fuzz.cc). Built only with CUDA
+// header (zfeed/codec/frame_check.h, fuzzed by fuzz/frame_check_fuzz.cc); chunks already in device
+// memory are checked by the same code on the GPU (cuda/frame_check_kernel.h). Built only with CUDA
 // (ZFEED_HAVE_CUDA); the decoding itself only with nvCOMP (ZFEED_HAVE_NVCOMP): without it, decoding
 // a non-empty batch throws UnsupportedError("GPU decoding is unavailable: zfeed was built without
 // nvCOMP ...").
@@ -59,6 +60,10 @@ struct GpuDecodeItem {
   void* dst = nullptr;      // device memory for decoded_size bytes (any alignment)
   size_t decoded_size = 0;  // the size the chunk must decode to exactly; 0: nothing to do
   std::string_view key;     // names the chunk in errors ("era5.zarr/t2m/c/3/0/0")
+  // `src` is device memory (read there by cuFile) that stays untouched until finish(): its
+  // container is checked on the GPU by the host's code, and nvCOMP reads it in place (or from an
+  // aligned copy, where the payload is not aligned as nvCOMP requires).
+  bool src_on_device = false;
 };
 
 // Which of nvCOMP's decoders runs: its own choice, the CUDA kernels, or the hardware
@@ -86,7 +91,9 @@ struct GpuDecoderStats {
   uint64_t launches = 0;            // nvCOMP batched decompress calls
   uint64_t device_allocations = 0;  // cudaMalloc calls (only while buffers grow)
   uint64_t bounced_items = 0;       // chunks decoded into scratch, then copied to a misaligned dst
-  size_t device_bytes = 0;          // device memory held
+  uint64_t device_checked_items = 0;  // src_on_device chunks (checked on the GPU)
+  uint64_t realigned_items = 0;       // src_on_device chunks copied first to align their payload
+  size_t device_bytes = 0;            // device memory held
 };
 
 // Decodes batches of chunks on the GPU. Not thread-safe: one per thread (or stream) that decodes.
