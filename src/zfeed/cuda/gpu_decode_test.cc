@@ -172,73 +172,6 @@ Buffer compress(GpuCodec codec, const Buffer& data) {
 #else
 #define ZFEED_NEED_CPU_CODECS() \
   GTEST_SKIP() << "no libzstd/liblz4/libdeflate in this build (.gpu-deps/cpu-codecs)"
-// Chunks already in device memory (as cuFile reads them): checked on the GPU by the host's code,
-// decoded in place, or from an aligned copy where the payload is misaligned (an LZ4 chunk one
-// byte off); bad ones fail with the host check's message and never reach nvCOMP.
-TEST(NvcompDecode, ChunksInDeviceMemoryAreCheckedOnTheGpu) {
-  ZFEED_SKIP_WITHOUT_GPU_DECODE();
-  Stream stream;
-  GpuDecoder decoder;
-  const GpuCodec codecs[] = {GpuCodec::kZstd, GpuCodec::kLz4,      GpuCodec::kGzip,
-                             GpuCodec::kZlib, GpuCodec::kLz4Block, GpuCodec::kDeflate};
-  const size_t n = std::size(codecs);
-  std::vector<Buffer> originals, stored;
-  std::vector<size_t> sizes, places;
-  size_t at = 0;
-  for (size_t i = 0; i < n; ++i) {
-    originals.push_back(smooth_field(50 + 13 * i, 70 + 9 * i, 20 + static_cast<int>(i)));
-    sizes.push_back(originals.back().size());
-    stored.push_back(compress(codecs[i], originals.back()));
-    places.push_back(at + (i % 2));  // every other chunk one byte off
-    at = (places.back() + stored.back().size() + 4095) / 4096 * 4096;
-  }
-  DeviceBuffer compressed(at);
-  for (size_t i = 0; i < n; ++i)
-    check(cudaMemcpy(compressed.data() + places[i], stored[i].data(), stored[i].size(),
-                     cudaMemcpyHostToDevice),
-          "upload");
-  DeviceOutputs out(sizes);
-  std::vector<std::string> keys;
-  for (size_t i = 0; i < n; ++i) keys.push_back("dev/c/" + std::to_string(i));
-  std::vector<GpuDecodeItem> items;
-  for (size_t i = 0; i < n; ++i) {
-    GpuDecodeItem item{
-        codecs[i], compressed.data() + places[i], stored[i].size(), out.at(i), sizes[i], keys[i]};
-    item.src_on_device = true;
-    items.push_back(item);
-  }
-  decoder.decode(items, stream.get());
-  for (size_t i = 0; i < n; ++i) EXPECT_TRUE(out.read(i, sizes[i]) == originals[i]) << keys[i];
-  const GpuDecoderStats stats = decoder.stats();
-  EXPECT_EQ(stats.device_checked_items, n);
-  std::printf("device chunks: %llu realigned of %zu\n",
-              static_cast<unsigned long long>(stats.realigned_items), n);
-
-  // A truncated zstd frame and a corrupt LZ4 header, on the device: the host check's messages.
-  const Buffer truncated(stored[0].begin(), stored[0].begin() + stored[0].size() / 2);
-  Buffer bad_header = stored[1];
-  bad_header[0] ^= 1;
-  for (const auto& [codec, bad] :
-       {std::pair{GpuCodec::kZstd, truncated}, std::pair{GpuCodec::kLz4, bad_header}}) {
-    const size_t index = codec == GpuCodec::kZstd ? 0 : 1;
-    check(cudaMemcpy(compressed.data() + places[index], bad.data(), bad.size(),
-                     cudaMemcpyHostToDevice),
-          "upload");
-    std::vector<GpuDecodeItem> batch = items;
-    batch[index].src_size = bad.size();
-    const std::string expected =
-        keys[index] + ": GPU " + gpu_codec_name(codec) +
-        " decode failed: " + gpu_payload(codec, bad.data(), bad.size(), sizes[index]).error;
-    EXPECT_EQ(error_message([&] { decoder.decode(batch, stream.get()); }), expected);
-    check(cudaMemcpy(compressed.data() + places[index], stored[index].data(), stored[index].size(),
-                     cudaMemcpyHostToDevice),
-          "upload");
-  }
-  // And it goes on decoding.
-  decoder.decode(items, stream.get());
-  for (size_t i = 0; i < n; ++i) EXPECT_TRUE(out.read(i, sizes[i]) == originals[i]) << keys[i];
-}
-
 #endif  // ZFEED_TEST_CPU_CODECS
 
 #define ZFEED_SKIP_WITHOUT_GPU_DECODE()                        \
@@ -548,6 +481,73 @@ TEST(NvcompDecode, CorruptAndTruncatedChunksNameTheKey) {
   const GpuDecodeItem item{GpuCodec::kZstd, good.data(), good.size(), out.at(1), data.size(), "ok"};
   decoder.decode({&item, 1}, stream.get());
   EXPECT_TRUE(out.read(1, data.size()) == data);
+}
+
+// Chunks already in device memory (as cuFile reads them): checked on the GPU by the host's code,
+// decoded in place, or from an aligned copy where the payload is misaligned (an LZ4 chunk one
+// byte off); bad ones fail with the host check's message and never reach nvCOMP.
+TEST(NvcompDecode, ChunksInDeviceMemoryAreCheckedOnTheGpu) {
+  ZFEED_SKIP_WITHOUT_GPU_DECODE();
+  Stream stream;
+  GpuDecoder decoder;
+  const GpuCodec codecs[] = {GpuCodec::kZstd, GpuCodec::kLz4,      GpuCodec::kGzip,
+                             GpuCodec::kZlib, GpuCodec::kLz4Block, GpuCodec::kDeflate};
+  const size_t n = std::size(codecs);
+  std::vector<Buffer> originals, stored;
+  std::vector<size_t> sizes, places;
+  size_t at = 0;
+  for (size_t i = 0; i < n; ++i) {
+    originals.push_back(smooth_field(50 + 13 * i, 70 + 9 * i, 20 + static_cast<int>(i)));
+    sizes.push_back(originals.back().size());
+    stored.push_back(compress(codecs[i], originals.back()));
+    places.push_back(at + (i % 2));  // every other chunk one byte off
+    at = (places.back() + stored.back().size() + 4095) / 4096 * 4096;
+  }
+  DeviceBuffer compressed(at);
+  for (size_t i = 0; i < n; ++i)
+    check(cudaMemcpy(compressed.data() + places[i], stored[i].data(), stored[i].size(),
+                     cudaMemcpyHostToDevice),
+          "upload");
+  DeviceOutputs out(sizes);
+  std::vector<std::string> keys;
+  for (size_t i = 0; i < n; ++i) keys.push_back("dev/c/" + std::to_string(i));
+  std::vector<GpuDecodeItem> items;
+  for (size_t i = 0; i < n; ++i) {
+    GpuDecodeItem item{
+        codecs[i], compressed.data() + places[i], stored[i].size(), out.at(i), sizes[i], keys[i]};
+    item.src_on_device = true;
+    items.push_back(item);
+  }
+  decoder.decode(items, stream.get());
+  for (size_t i = 0; i < n; ++i) EXPECT_TRUE(out.read(i, sizes[i]) == originals[i]) << keys[i];
+  const GpuDecoderStats stats = decoder.stats();
+  EXPECT_EQ(stats.device_checked_items, n);
+  std::printf("device chunks: %llu realigned of %zu\n",
+              static_cast<unsigned long long>(stats.realigned_items), n);
+
+  // A truncated zstd frame and a corrupt LZ4 header, on the device: the host check's messages.
+  const Buffer truncated(stored[0].begin(), stored[0].begin() + stored[0].size() / 2);
+  Buffer bad_header = stored[1];
+  bad_header[0] ^= 1;
+  for (const auto& [codec, bad] :
+       {std::pair{GpuCodec::kZstd, truncated}, std::pair{GpuCodec::kLz4, bad_header}}) {
+    const size_t index = codec == GpuCodec::kZstd ? 0 : 1;
+    check(cudaMemcpy(compressed.data() + places[index], bad.data(), bad.size(),
+                     cudaMemcpyHostToDevice),
+          "upload");
+    std::vector<GpuDecodeItem> batch = items;
+    batch[index].src_size = bad.size();
+    const std::string expected =
+        keys[index] + ": GPU " + gpu_codec_name(codec) +
+        " decode failed: " + gpu_payload(codec, bad.data(), bad.size(), sizes[index]).error;
+    EXPECT_EQ(error_message([&] { decoder.decode(batch, stream.get()); }), expected);
+    check(cudaMemcpy(compressed.data() + places[index], stored[index].data(), stored[index].size(),
+                     cudaMemcpyHostToDevice),
+          "upload");
+  }
+  // And it goes on decoding.
+  decoder.decode(items, stream.get());
+  for (size_t i = 0; i < n; ++i) EXPECT_TRUE(out.read(i, sizes[i]) == originals[i]) << keys[i];
 }
 
 #endif  // ZFEED_TEST_CPU_CODECS
