@@ -8,11 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define ZFEED_HOST_DEVICE __host__ __device__
-#else
-#define ZFEED_HOST_DEVICE
-#endif
+#include "zfeed/util/host_device.h"
 
 namespace zfeed::codec {
 

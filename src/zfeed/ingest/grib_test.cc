@@ -445,21 +445,27 @@ TEST(GribSource, RegularGaussianGrid) {
   for (size_t j = 0; j < expected.size(); ++j) EXPECT_NEAR(latitudes[j], expected[j], 1e-9) << j;
 }
 
+// A message with one key set to `value` by ecCodes (as a corrupt header would say it).
+std::string with_key(const std::string& message, const char* key, long value) {
+  codes_handle* h = codes_handle_new_from_message_copy(nullptr, message.data(), message.size());
+  EXPECT_NE(h, nullptr);
+  if (h == nullptr) return message;
+  EXPECT_EQ(codes_set_long(h, key, value), 0) << key;
+  const void* bytes = nullptr;
+  size_t size = 0;
+  EXPECT_EQ(codes_get_message(h, &bytes, &size), 0);
+  std::string out(static_cast<const char*>(bytes), size);
+  codes_handle_delete(h);
+  return out;
+}
+
 // ecCodes computes every latitude of a Gaussian grid in O(N^2) time, whatever rows a message
 // holds: a header claiming N=30000 for a few rows is refused at once, not computed for a minute.
 TEST(GribSource, RefusesAnImplausibleGaussianGridNumberQuickly) {
   TempDir dir;
   FieldSpec spec;
   spec.sample = "regular_gg_sfc_grib1";
-  std::string message = make_message(spec);
-  codes_handle* h = codes_handle_new_from_message_copy(nullptr, message.data(), message.size());
-  ASSERT_NE(h, nullptr);
-  ASSERT_EQ(codes_set_long(h, "N", 30000), 0);
-  const void* bytes = nullptr;
-  size_t size = 0;
-  ASSERT_EQ(codes_get_message(h, &bytes, &size), 0);
-  write_file(dir / "big-n.grib", std::string(static_cast<const char*>(bytes), size));
-  codes_handle_delete(h);
+  write_file(dir / "big-n.grib", with_key(make_message(spec), "N", 30000));
   const std::string error =
       error_of<UnsupportedError>([&] { GribSource source(dir / "big-n.grib"); });
   EXPECT_CONTAINS(error, "big-n.grib: message 1 at byte 0");
@@ -473,15 +479,7 @@ TEST(GribSource, RefusesACodedValueCountBeyondTheGrid) {
   FieldSpec spec;
   spec.bitmap = true;  // (without one, the value count itself is refused first)
   spec.values = {1, 2, 9999, 4, 5, 6, 7, 8, 9999, 10, 11, 12};
-  std::string message = make_message(spec);
-  codes_handle* h = codes_handle_new_from_message_copy(nullptr, message.data(), message.size());
-  ASSERT_NE(h, nullptr);
-  ASSERT_EQ(codes_set_long(h, "numberOfValues", 704643091), 0);
-  const void* bytes = nullptr;
-  size_t size = 0;
-  ASSERT_EQ(codes_get_message(h, &bytes, &size), 0);
-  write_file(dir / "count.grib", std::string(static_cast<const char*>(bytes), size));
-  codes_handle_delete(h);
+  write_file(dir / "count.grib", with_key(make_message(spec), "numberOfValues", 704643091));
   GribSource source(dir / "count.grib");
   const std::string error = error_of([&] { read_whole<float>(source, "t"); });
   EXPECT_CONTAINS(error,

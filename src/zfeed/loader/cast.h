@@ -6,11 +6,7 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__CUDACC__)
-#define ZFEED_HOST_DEVICE __host__ __device__
-#else
-#define ZFEED_HOST_DEVICE
-#endif
+#include "zfeed/util/host_device.h"
 
 namespace zfeed::loader {
 

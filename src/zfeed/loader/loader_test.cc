@@ -1,6 +1,5 @@
 #include "zfeed/loader/loader.h"
 
-#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -583,18 +582,6 @@ TEST(Loader, ChunksHandedOverCompressedDecodeToTheSamePlanes) {
   EXPECT_CONTAINS(cropped.pass_compressed_reason(), "crops");
 }
 
-// [offset, offset + size) of a file, read as a GPUDirect Storage consumer would: by itself.
-Bytes read_file_range(const std::string& path, uint64_t offset, uint64_t size) {
-  Bytes out(size);
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  EXPECT_GE(fd, 0) << path;
-  if (fd < 0) return out;
-  const ssize_t got = ::pread(fd, out.data(), size, static_cast<off_t>(offset));
-  ::close(fd);
-  EXPECT_EQ(got, static_cast<ssize_t>(size)) << path;
-  return out;
-}
-
 // With locate_compressed on a file store, chunks handed over compressed are places in local
 // files (the GPUDirect Storage path): no bytes in `data`, and the located range holds exactly the
 // bytes read_stored reads (what a reading loader hands over), which decode to the loader's
@@ -650,7 +637,8 @@ TEST(Loader, ChunksHandedOverCompressedAreLocatedInLocalFiles) {
       EXPECT_EQ(read_chunk.stored_size, read_chunk.data.size());
       EXPECT_TRUE(read_chunk.file.empty());
       ASSERT_EQ(chunk.stored_size, read_chunk.data.size());
-      const Bytes bytes = read_file_range(chunk.file, chunk.file_offset, chunk.stored_size);
+      const Bytes bytes =
+          testing::read_file_range(chunk.file, chunk.file_offset, chunk.stored_size);
       ASSERT_TRUE(testing::same_bytes(bytes.data(), read_chunk.data.data(), bytes.size()));
       uint8_t* dst = (chunk.target ? batch->target_bytes() : batch->input_bytes()) + chunk.offset;
       locating.array(chunk.array).read_codecs().decode(bytes, dst);

@@ -1,8 +1,10 @@
 // Helpers shared by the C++ unit tests (included by *_test.cc only, never by the library).
 #pragma once
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <cstring>
@@ -43,6 +45,19 @@ inline bool contains(std::string_view text, std::string_view part) {
 #define EXPECT_CONTAINS(text, part)                       \
   EXPECT_TRUE(::zfeed::testing::contains((text), (part))) \
       << "expected \"" << (part) << "\" in: " << (text)
+
+// [offset, offset + size) of a file, read by itself (as a GPUDirect Storage consumer reads a
+// located chunk). A failed or short read is a test failure.
+inline Bytes read_file_range(const std::string& path, uint64_t offset, uint64_t size) {
+  Bytes out(size);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  EXPECT_GE(fd, 0) << path;
+  if (fd < 0) return out;
+  const ssize_t got = ::pread(fd, out.data(), size, static_cast<off_t>(offset));
+  ::close(fd);
+  EXPECT_EQ(got, static_cast<ssize_t>(size)) << path;
+  return out;
+}
 
 // A fresh directory under $TMPDIR, removed with everything in it at the end of the scope.
 class TempDir {

@@ -1,10 +1,8 @@
 #include "zfeed/zarr/array.h"
 
-#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <libdeflate.h>
 #include <lz4.h>
-#include <unistd.h>
 #include <zstd.h>
 
 #include <bit>
@@ -439,18 +437,6 @@ TEST(Array, NestedShardsPartialAndWhole) {
   EXPECT_EQ(store2->list("c/"), (std::vector<std::string>{"c/1/1"}));
 }
 
-// [offset, offset + size) of a file, read as a GPUDirect Storage consumer would: by itself.
-Bytes read_file_range(const std::string& path, uint64_t offset, uint64_t size) {
-  Bytes out(size);
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  EXPECT_GE(fd, 0) << path;
-  if (fd < 0) return out;
-  const ssize_t got = ::pread(fd, out.data(), size, static_cast<off_t>(offset));
-  ::close(fd);
-  EXPECT_EQ(got, static_cast<ssize_t>(size)) << path;
-  return out;
-}
-
 // locate_stored finds, without reading them, exactly the bytes read_stored reads: whole chunk
 // files, and inner chunks of shards with the index at either end; absent chunks (a missing
 // chunk, an inner chunk left out of its shard, a missing shard) are absent for both.
@@ -508,7 +494,8 @@ TEST(Array, LocateStoredPointsAtTheBytesReadStoredReads) {
         } else if (c.name == "index_start") {
           EXPECT_GE(location.offset, 4u * 16 + 4);  // past the index
         }
-        const Bytes located = read_file_range(location.path, location.offset, location.size);
+        const Bytes located =
+            testing::read_file_range(location.path, location.offset, location.size);
         EXPECT_TRUE(testing::same_bytes(located.data(), stored.data(), stored.size()));
       }
     }
