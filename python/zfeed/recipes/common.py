@@ -504,6 +504,51 @@ def run_record(args, dist, task, runs: Sequence[dict], validation) -> dict:
             "config": vars(args), "runs": runs, "headline": headline(runs), "validation": validation}
 
 
+def run_recipe(args, recipe: str, make_task: Callable[[Any, Dist], Task], sources: Sequence[str], *,
+               describe: Callable[[Task], dict], plot_title: Callable[[Task], str],
+               validation_table: Callable[[dict], str], before_run: Callable[[Task], None] | None = None,
+               after_run: Callable[[Task, dict], None] | None = None) -> int:
+    """What a recipe's main() does once its arguments are parsed: trains the task once per source
+    and mode (--source, --mode), then on the main rank prints the throughput and validation tables
+    and writes the JSON record (the recipe's `describe(task)` first) and the plot."""
+    modes = parse_list(args.mode, MODES, "--mode")
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    dist = setup_distributed(args.device)
+    try:
+        set_deterministic(dist.device)
+        task = make_task(args, dist)
+        runs = []
+        for source in sources:
+            for mode in modes:
+                if before_run:
+                    before_run(task)
+                result = train(
+                    task, dist, source=source, mode=mode, epochs=args.epochs, steps=args.steps, warmup=args.warmup,
+                    log_every=args.log_every, checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every,
+                    resume=args.resume, times_log=args.times_log, count_model_flops=not args.no_flops,
+                    validate=not args.no_val, seed=args.seed, amp_dtype=AMP_DTYPES[args.amp])
+                summary = result.summary(args.warmup)
+                if after_run:
+                    after_run(task, summary)
+                runs.append(summary)
+        if dist.main:
+            print(summary_table(runs))
+            validation = next((r["validation"] for r in runs if r["validation"]), None)
+            if validation:
+                print(validation_table(validation))
+            document = {"recipe": recipe, "store": args.store, **describe(task),
+                        **run_record(args, dist, task, runs, validation)}
+            if args.json:
+                write_json(args.json, document)
+            if args.plot:
+                plot_throughput(args.plot, runs, title=plot_title(task))
+        dist.barrier()
+    finally:
+        dist.close()
+    return 0
+
+
 def _fmt(p: dict, scale: float = 1.0, digits: int = 1) -> str:
     if p["median"] is None:
         return "-"

@@ -449,43 +449,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    modes = common.parse_list(args.mode, common.MODES, "--mode")
     sources = common.parse_list(args.source, common.SOURCES, "--source")
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
-    dist = common.setup_distributed(args.device)
-    try:
-        common.set_deterministic(dist.device)
-        task = ForecastTask(args, dist)
-        runs = []
-        for source in sources:
-            for mode in modes:
-                result = common.train(
-                    task, dist, source=source, mode=mode, epochs=args.epochs, steps=args.steps, warmup=args.warmup,
-                    log_every=args.log_every, checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every,
-                    resume=args.resume, times_log=args.times_log, count_model_flops=not args.no_flops,
-                    validate=not args.no_val, seed=args.seed, amp_dtype=common.AMP_DTYPES[args.amp])
-                runs.append(result.summary(args.warmup))
-        if dist.main:
-            print(common.summary_table(runs))
-            validation = next((r["validation"] for r in runs if r["validation"]), None)
-            if validation:
-                print(validation_table(validation))
-            document = {
-                "recipe": "forecast", "store": args.store, "inputs": task.inputs, "targets": task.targets,
-                "lead": task.lead, "history": task.history,
-                "time_features": task.time_seconds is not None, "input_channels": task.in_channels, "grid": [task.height, task.width], "times": task.times, "split": task.split,
-                **common.run_record(args, dist, task, runs, validation),
-            }
-            if args.json:
-                common.write_json(args.json, document)
-            if args.plot:
-                common.plot_throughput(args.plot, runs, title=f"forecast U-Net ({args.encoder}), batch {args.batch_size}, "
-                                                                f"{task.height}x{task.width}x{len(task.inputs)}")
-        dist.barrier()
-    finally:
-        dist.close()
-    return 0
+    return common.run_recipe(
+        args, "forecast", ForecastTask, sources, validation_table=validation_table,
+        describe=lambda task: {
+            "inputs": task.inputs, "targets": task.targets, "lead": task.lead, "history": task.history,
+            "time_features": task.time_seconds is not None, "input_channels": task.in_channels,
+            "grid": [task.height, task.width], "times": task.times, "split": task.split},
+        plot_title=lambda task: f"forecast U-Net ({args.encoder}), batch {args.batch_size}, "
+                                f"{task.height}x{task.width}x{len(task.inputs)}")
 
 
 if __name__ == "__main__":

@@ -344,54 +344,29 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    modes = common.parse_list(args.mode, common.MODES, "--mode")
     sources = common.parse_list(args.source, common.SOURCES, "--source")
     if "baseline" in sources:
         raise SystemExit("segment: --source baseline is not available (the hackathon's xarray DataLoader has no labels)")
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
-    dist = common.setup_distributed(args.device)
-    try:
-        common.set_deterministic(dist.device)
-        task = SegmentTask(args, dist)
-        runs = []
-        for source in sources:
-            for mode in modes:
-                task.lag = None
-                result = common.train(
-                    task, dist, source=source, mode=mode, epochs=args.epochs, steps=args.steps, warmup=args.warmup,
-                    log_every=args.log_every, checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every,
-                    resume=args.resume, times_log=args.times_log, count_model_flops=not args.no_flops,
-                    validate=not args.no_val, seed=args.seed, amp_dtype=common.AMP_DTYPES[args.amp])
-                summary = result.summary(args.warmup)
-                if task.lag is not None:
-                    summary["gradient_lag_updates"] = task.lag.lag.updates
-                runs.append(summary)
-        if dist.main:
-            print(common.summary_table(runs))
-            validation = next((r["validation"] for r in runs if r["validation"]), None)
-            if validation:
-                print(validation_table(validation))
-            document = {
-                "recipe": "segment", "store": args.store, "inputs": task.inputs, "labels": task.labels,
-                "classes": task.class_names, "model": args.model, "grid": [task.height, task.width],
-                "times": task.times, "split": task.split,
-                "label_counts": task.label_counts.tolist(), "class_frequencies": task.frequencies.tolist(),
-                "class_weights": task.weights.tolist(), "weights_exponent": args.weights_exponent,
-                "weights_normalize": args.weights_normalize, "larc": args.larc, "gradient_lag": args.gradient_lag,
-                "amp": args.amp, "channels_last": args.channels_last,
-                **common.run_record(args, dist, task, runs, validation),
-            }
-            if args.json:
-                common.write_json(args.json, document)
-            if args.plot:
-                what = f"Tiramisu (growth {args.growth_rate})" if args.model == "tiramisu" else f"DeepLabv3+ ({args.encoder})"
-                common.plot_throughput(args.plot, runs, title=f"segment {what}, batch {args.batch_size}, "
-                                                                f"{task.height}x{task.width}x{len(task.inputs)}")
-        dist.barrier()
-    finally:
-        dist.close()
-    return 0
+
+    def before_run(task: SegmentTask) -> None:
+        task.lag = None
+
+    def after_run(task: SegmentTask, summary: dict) -> None:
+        if task.lag is not None:
+            summary["gradient_lag_updates"] = task.lag.lag.updates
+
+    what = f"Tiramisu (growth {args.growth_rate})" if args.model == "tiramisu" else f"DeepLabv3+ ({args.encoder})"
+    return common.run_recipe(
+        args, "segment", SegmentTask, sources, validation_table=validation_table,
+        before_run=before_run, after_run=after_run,
+        describe=lambda task: {
+            "inputs": task.inputs, "labels": task.labels, "classes": task.class_names, "model": args.model,
+            "grid": [task.height, task.width], "times": task.times, "split": task.split,
+            "label_counts": task.label_counts.tolist(), "class_frequencies": task.frequencies.tolist(),
+            "class_weights": task.weights.tolist(), "weights_exponent": args.weights_exponent,
+            "weights_normalize": args.weights_normalize, "larc": args.larc, "gradient_lag": args.gradient_lag,
+            "amp": args.amp, "channels_last": args.channels_last},
+        plot_title=lambda task: f"segment {what}, batch {args.batch_size}, {task.height}x{task.width}x{len(task.inputs)}")
 
 
 if __name__ == "__main__":
