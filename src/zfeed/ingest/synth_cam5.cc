@@ -1,11 +1,8 @@
 #include "zfeed/ingest/synth_cam5.h"
 
 #include <algorithm>
-#include <atomic>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <mutex>
 #include <numbers>
 #include <optional>
 
@@ -521,20 +518,11 @@ void Cam5Synth::generate(double hours, std::span<float> channels, std::span<uint
 
 void write_cam5_synth(const Cam5SynthOptions& options) {
   Cam5Synth synth(options.seed, options.nlat, options.nlon);
-  if (options.times == 0) throw Error("synth cam5: --times must be at least 1");
-  if (!(options.step_hours > 0)) throw Error("synth cam5: the time step must be positive");
-  if (std::floor(options.step_hours) != options.step_hours ||
-      std::floor(options.start_hours) != options.start_hours)
-    throw Error("synth cam5: the start and the step must be whole hours");
+  const std::vector<int64_t> hours =
+      synth_hours(options.times, options.start_hours, options.step_hours, "synth cam5");
   Json compressor = compressor_codec(options.codec);
 
-  auto store = open_store(options.output, /*create=*/true);
-  if (!store->list("").empty()) {
-    if (!options.overwrite)
-      throw Error(store->url() +
-                  ": already exists and is not empty (pass --overwrite to replace it)");
-    store->erase_prefix("");
-  }
+  auto store = open_synth_output(options.output, options.overwrite);
   const auto& variables = cam5_variables();
   Json names = Json::array();
   for (const auto& v : variables) names.push_back(v.name);
@@ -551,33 +539,9 @@ void write_cam5_synth(const Cam5SynthOptions& options) {
   if (options.stack) root_attributes["variables"] = names;
   zarr::Group::create(store, "", 3, root_attributes, true);
 
-  const DataType f32{DataTypeId::kFloat32}, f64{DataTypeId::kFloat64}, i64{DataTypeId::kInt64},
-      u8{DataTypeId::kUInt8};
+  const DataType f32{DataTypeId::kFloat32}, u8{DataTypeId::kUInt8};
   const uint64_t nt = options.times, nlat = options.nlat, nlon = options.nlon;
-  auto lat = zarr::Array::create(
-      store, "lat",
-      synth_array_metadata(
-          {nlat}, f64, {nlat}, std::nullopt, nullptr, {"lat"},
-          {{"units", "degrees_north"}, {"standard_name", "latitude"}, {"long_name", "latitude"}}));
-  lat.write(lat.full_selection(), synth.latitudes().data());
-  auto lon = zarr::Array::create(
-      store, "lon",
-      synth_array_metadata(
-          {nlon}, f64, {nlon}, std::nullopt, nullptr, {"lon"},
-          {{"units", "degrees_east"}, {"standard_name", "longitude"}, {"long_name", "longitude"}}));
-  lon.write(lon.full_selection(), synth.longitudes().data());
-  std::vector<int64_t> hours(nt);
-  for (uint64_t t = 0; t < nt; ++t)
-    hours[t] = int64_t(options.start_hours) + int64_t(t) * int64_t(options.step_hours);
-  auto time =
-      zarr::Array::create(store, "time",
-                          synth_array_metadata({nt}, i64, {std::min<uint64_t>(nt, 1u << 20)},
-                                               std::nullopt, nullptr, {"time"},
-                                               {{"units", "hours since 2000-01-01"},
-                                                {"calendar", "standard"},
-                                                {"standard_name", "time"},
-                                                {"long_name", "time"}}));
-  time.write(time.full_selection(), hours.data());
+  write_synth_coordinates(store, "lat", "lon", synth.latitudes(), synth.longitudes(), hours);
 
   // One time step per chunk over the whole grid, optionally in shards of N steps.
   const uint64_t block = options.shard_times ? options.shard_times : 1;
@@ -625,26 +589,8 @@ void write_cam5_synth(const Cam5SynthOptions& options) {
 
   const size_t blocks = size_t((nt + block - 1) / block);
   const size_t field = synth.field_size(), channels = Cam5Synth::kChannels;
-  std::atomic<uint64_t> done{0};
-  std::mutex print_mutex;
-  auto started = std::chrono::steady_clock::now();
-  auto last_print = started;
-  auto report = [&](bool final) {
-    if (!options.progress) return;
-    std::lock_guard lock(print_mutex);
-    auto now = std::chrono::steady_clock::now();
-    if (!final && now - last_print < std::chrono::milliseconds(200)) return;
-    last_print = now;
-    double seconds = std::chrono::duration<double>(now - started).count();
-    uint64_t steps = done.load();
-    double mb = double(steps) * double(field) * (double(channels) * 4 + 1) / 1e6;
-    double eta = steps ? seconds * double(nt - steps) / double(steps) : 0;
-    std::fprintf(stderr, "\rsynth cam5: %llu/%llu samples (%.0f%%), %.1f MB/s, ETA %.0f s   ",
-                 (unsigned long long)steps, (unsigned long long)nt,
-                 100.0 * double(steps) / double(nt), seconds > 0 ? mb / seconds : 0.0, eta);
-    if (final) std::fprintf(stderr, "\n");
-    std::fflush(stderr);
-  };
+  SynthProgress progress(options.progress, "synth cam5", "samples", nt,
+                         double(field) * (double(channels) * 4 + 1));
   // A block of steps (one shard, or one step unsharded): the stacked layout is what generate()
   // writes per step; the per-variable one is a transpose through one step's worth of scratch.
   auto generate_step = [&](uint64_t t0, size_t steps, size_t s, std::vector<float>& values,
@@ -683,8 +629,7 @@ void write_cam5_synth(const Cam5SynthOptions& options) {
       std::vector<uint8_t> classes(field);
       generate_step(t, 1, 0, values, classes);
       for (size_t k = 0; k < outputs; ++k) write_output(t, t + 1, k, values, classes);
-      done += 1;
-      report(false);
+      progress.add(1);
     });
   } else {
     // Shards one after the other, their steps and arrays in parallel: memory stays at one shard
@@ -696,13 +641,12 @@ void write_cam5_synth(const Cam5SynthOptions& options) {
       std::vector<uint8_t> classes(steps * field);
       pool.parallel_for(steps, [&](size_t s) {
         generate_step(t0, steps, s, values, classes);
-        done += 1;
-        report(false);
+        progress.add(1);
       });
       pool.parallel_for(outputs, [&](size_t k) { write_output(t0, t1, k, values, classes); });
     }
   }
-  report(true);
+  progress.finish();
   zarr::Group::open(store, "").consolidate();
 }
 

@@ -357,22 +357,97 @@ zarr::ArrayMetadata synth_array_metadata(std::vector<uint64_t> shape, DataType d
   return meta;
 }
 
-void write_era5_synth(const SynthOptions& options) {
-  std::vector<std::string> variables =
-      options.variables.empty() ? era5_default_variables() : options.variables;
-  Era5Synth synth(options.seed, options.nlat, options.nlon, variables);
-  if (options.times == 0) throw Error("synth era5: --times must be at least 1");
-  if (!(options.step_hours > 0)) throw Error("synth era5: the time step must be positive");
-  Json compressor = compressor_codec(options.codec);
-
-  auto store = open_store(options.output, /*create=*/true);
+std::shared_ptr<Store> open_synth_output(const std::string& output, bool overwrite) {
+  auto store = open_store(output, /*create=*/true);
   if (!store->list("").empty()) {
-    if (!options.overwrite)
+    if (!overwrite)
       throw Error(store->url() +
                   ": already exists and is not empty (pass --overwrite to replace it)");
     store->erase_prefix("");
   }
-  const DataType f32{DataTypeId::kFloat32}, f64{DataTypeId::kFloat64}, i64{DataTypeId::kInt64};
+  return store;
+}
+
+std::vector<int64_t> synth_hours(uint64_t times, double start_hours, double step_hours,
+                                 const std::string& what) {
+  if (times == 0) throw Error(what + ": --times must be at least 1");
+  if (!(step_hours > 0)) throw Error(what + ": the time step must be positive");
+  if (std::floor(step_hours) != step_hours || std::floor(start_hours) != start_hours)
+    throw Error(what + ": the start and the step must be whole hours");
+  std::vector<int64_t> hours(times);
+  for (uint64_t t = 0; t < times; ++t)
+    hours[t] = int64_t(start_hours) + int64_t(t) * int64_t(step_hours);
+  return hours;
+}
+
+void write_synth_coordinates(const std::shared_ptr<Store>& store, const std::string& lat_name,
+                             const std::string& lon_name, const std::vector<double>& latitudes,
+                             const std::vector<double>& longitudes,
+                             const std::vector<int64_t>& hours) {
+  const DataType f64{DataTypeId::kFloat64}, i64{DataTypeId::kInt64};
+  auto write = [&](const std::string& name, const void* values, uint64_t size, DataType dtype,
+                   Json attributes) {
+    auto array = zarr::Array::create(
+        store, name,
+        synth_array_metadata({size}, dtype, {std::min<uint64_t>(size, 1u << 20)}, std::nullopt,
+                             nullptr, {name}, std::move(attributes)));
+    array.write(array.full_selection(), values);
+  };
+  write(lat_name, latitudes.data(), latitudes.size(), f64,
+        {{"units", "degrees_north"}, {"standard_name", "latitude"}, {"long_name", "latitude"}});
+  write(lon_name, longitudes.data(), longitudes.size(), f64,
+        {{"units", "degrees_east"}, {"standard_name", "longitude"}, {"long_name", "longitude"}});
+  write("time", hours.data(), hours.size(), i64,
+        {{"units", "hours since 2000-01-01"},
+         {"calendar", "standard"},
+         {"standard_name", "time"},
+         {"long_name", "time"}});
+}
+
+SynthProgress::SynthProgress(bool enabled, std::string label, std::string unit, uint64_t total,
+                             double bytes_per_step)
+    : enabled_(enabled),
+      label_(std::move(label)),
+      unit_(std::move(unit)),
+      total_(total),
+      bytes_per_step_(bytes_per_step),
+      started_(std::chrono::steady_clock::now()),
+      last_print_(started_) {}
+
+void SynthProgress::add(uint64_t steps) {
+  done_ += steps;
+  print(false);
+}
+
+void SynthProgress::finish() { print(true); }
+
+void SynthProgress::print(bool final) {
+  if (!enabled_) return;
+  std::lock_guard lock(mutex_);
+  const auto now = std::chrono::steady_clock::now();
+  if (!final && now - last_print_ < std::chrono::milliseconds(200)) return;
+  last_print_ = now;
+  const double seconds = std::chrono::duration<double>(now - started_).count();
+  const uint64_t steps = done_.load();
+  const double mb = double(steps) * bytes_per_step_ / 1e6;
+  const double eta = steps ? seconds * double(total_ - steps) / double(steps) : 0;
+  std::fprintf(stderr, "\r%s: %llu/%llu %s (%.0f%%), %.1f MB/s, ETA %.0f s   ", label_.c_str(),
+               (unsigned long long)steps, (unsigned long long)total_, unit_.c_str(),
+               100.0 * double(steps) / double(total_), seconds > 0 ? mb / seconds : 0.0, eta);
+  if (final) std::fprintf(stderr, "\n");
+  std::fflush(stderr);
+}
+
+void write_era5_synth(const SynthOptions& options) {
+  std::vector<std::string> variables =
+      options.variables.empty() ? era5_default_variables() : options.variables;
+  Era5Synth synth(options.seed, options.nlat, options.nlon, variables);
+  const std::vector<int64_t> hours =
+      synth_hours(options.times, options.start_hours, options.step_hours, "synth era5");
+  Json compressor = compressor_codec(options.codec);
+
+  auto store = open_synth_output(options.output, options.overwrite);
+  const DataType f32{DataTypeId::kFloat32};
   Json root_attributes = {
       {"title", "zfeed synthetic ERA5-like data"},
       {"source", "zfeed synth era5"},
@@ -381,34 +456,8 @@ void write_era5_synth(const SynthOptions& options) {
   zarr::Group group = zarr::Group::create(store, "", 3, root_attributes, true);
 
   const uint64_t nt = options.times, nlat = options.nlat, nlon = options.nlon;
-  // Coordinates.
-  auto latitude = zarr::Array::create(
-      store, "latitude",
-      synth_array_metadata(
-          {nlat}, f64, {nlat}, std::nullopt, nullptr, {"latitude"},
-          {{"units", "degrees_north"}, {"standard_name", "latitude"}, {"long_name", "latitude"}}));
-  latitude.write(latitude.full_selection(), synth.latitudes().data());
-  auto longitude = zarr::Array::create(
-      store, "longitude",
-      synth_array_metadata(
-          {nlon}, f64, {nlon}, std::nullopt, nullptr, {"longitude"},
-          {{"units", "degrees_east"}, {"standard_name", "longitude"}, {"long_name", "longitude"}}));
-  longitude.write(longitude.full_selection(), synth.longitudes().data());
-  std::vector<int64_t> hours(nt);
-  bool integral = std::floor(options.step_hours) == options.step_hours &&
-                  std::floor(options.start_hours) == options.start_hours;
-  if (!integral) throw Error("synth era5: the start and the step must be whole hours");
-  for (uint64_t t = 0; t < nt; ++t)
-    hours[t] = int64_t(options.start_hours) + int64_t(t) * int64_t(options.step_hours);
-  auto time =
-      zarr::Array::create(store, "time",
-                          synth_array_metadata({nt}, i64, {std::min<uint64_t>(nt, 1u << 20)},
-                                               std::nullopt, nullptr, {"time"},
-                                               {{"units", "hours since 2000-01-01"},
-                                                {"calendar", "standard"},
-                                                {"standard_name", "time"},
-                                                {"long_name", "time"}}));
-  time.write(time.full_selection(), hours.data());
+  write_synth_coordinates(store, "latitude", "longitude", synth.latitudes(), synth.longitudes(),
+                          hours);
 
   // Variables: chunks of one time step over the whole grid, optionally in shards of N steps.
   const uint64_t block = options.shard_times ? options.shard_times : 1;
@@ -428,26 +477,8 @@ void write_era5_synth(const SynthOptions& options) {
 
   const size_t blocks = size_t((nt + block - 1) / block);
   const size_t field = synth.field_size();
-  std::atomic<uint64_t> done{0};
-  std::mutex print_mutex;
-  auto started = std::chrono::steady_clock::now();
-  auto last_print = started;
-  auto report = [&](bool final) {
-    if (!options.progress) return;
-    std::lock_guard lock(print_mutex);
-    auto now = std::chrono::steady_clock::now();
-    if (!final && now - last_print < std::chrono::milliseconds(200)) return;
-    last_print = now;
-    double seconds = std::chrono::duration<double>(now - started).count();
-    uint64_t steps = done.load();
-    double mb = double(steps) * double(field) * double(variables.size()) * 4 / 1e6;
-    double eta = steps ? seconds * double(nt - steps) / double(steps) : 0;
-    std::fprintf(stderr, "\rsynth era5: %llu/%llu steps (%.0f%%), %.1f MB/s, ETA %.0f s   ",
-                 (unsigned long long)steps, (unsigned long long)nt,
-                 100.0 * double(steps) / double(nt), seconds > 0 ? mb / seconds : 0.0, eta);
-    if (final) std::fprintf(stderr, "\n");
-    std::fflush(stderr);
-  };
+  SynthProgress progress(options.progress, "synth era5", "steps", nt,
+                         double(field) * double(variables.size()) * 4);
   ThreadPool::shared().parallel_for(blocks, [&](size_t b) {
     uint64_t t0 = b * block, t1 = std::min<uint64_t>(nt, t0 + block);
     size_t steps = size_t(t1 - t0);
@@ -463,10 +494,9 @@ void write_era5_synth(const SynthOptions& options) {
     for (size_t k = 0; k < variables.size(); ++k) {
       arrays[k].write({{t0, t1, 1}, {0, nlat, 1}, {0, nlon, 1}}, per_variable[k].data());
     }
-    done += steps;
-    report(false);
+    progress.add(steps);
   });
-  report(true);
+  progress.finish();
   zarr::Group::open(store, "").consolidate();
 }
 

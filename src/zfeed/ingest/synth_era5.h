@@ -5,8 +5,11 @@
 // (seed, grid, time), so steps are generated independently (in parallel) and reproducibly.
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -98,5 +101,42 @@ zarr::ArrayMetadata synth_array_metadata(std::vector<uint64_t> shape, DataType d
                                          std::optional<std::vector<uint64_t>> shard,
                                          const Json& compressor, std::vector<std::string> dims,
                                          Json attributes);
+
+// The output store of a synthesizer, empty: an existing non-empty one is an error naming it
+// unless `overwrite`, which empties it.
+std::shared_ptr<Store> open_synth_output(const std::string& output, bool overwrite);
+
+// The times, in hours since 2000-01-01: start + t * step for t < times. `what` ("synth era5")
+// names the command in the errors (no times, a step not positive, not whole hours).
+std::vector<int64_t> synth_hours(uint64_t times, double start_hours, double step_hours,
+                                 const std::string& what);
+
+// Writes the coordinates of a synthetic store: latitudes and longitudes in degrees under the
+// given names, and time in hours since 2000-01-01.
+void write_synth_coordinates(const std::shared_ptr<Store>& store, const std::string& lat_name,
+                             const std::string& lon_name, const std::vector<double>& latitudes,
+                             const std::vector<double>& longitudes,
+                             const std::vector<int64_t>& hours);
+
+// A synthesizer's progress on stderr, at most five times a second and once at the end:
+// "synth era5: 10/96 steps (10%), 55.0 MB/s, ETA 3 s". Thread-safe; silent unless enabled.
+class SynthProgress {
+ public:
+  SynthProgress(bool enabled, std::string label, std::string unit, uint64_t total,
+                double bytes_per_step);
+  void add(uint64_t steps);
+  void finish();
+
+ private:
+  void print(bool final);
+
+  bool enabled_;
+  std::string label_, unit_;
+  uint64_t total_;
+  double bytes_per_step_;
+  std::atomic<uint64_t> done_{0};
+  std::mutex mutex_;
+  std::chrono::steady_clock::time_point started_, last_print_;
+};
 
 }  // namespace zfeed::ingest
