@@ -9,7 +9,14 @@
 // (DeviceBatch::wait_on); when the consumer lets go of a batch (release() with the streams that
 // used it), an event is recorded on each of those streams and the copy stream waits on them before
 // it overwrites that output buffer. The host buffer goes back to the loader once its copy's event
-// has completed. Built only with CUDA (ZFEED_HAVE_CUDA) and the loader (not ZFEED_CUDA_ONLY).
+// has completed.
+//
+// With decode="gpu", chunks of local stores may be read by cuFile straight into device memory
+// (options.gds; the host loader then only locates them): several reads in flight, each chunk
+// placed where its device address agrees with its file offset modulo 4 KiB, and their containers
+// checked on the GPU before nvCOMP (cuda/frame_check_kernel.h). A failed cuFile read turns those
+// reads over to the host for good and retries the batch. Built only with CUDA (ZFEED_HAVE_CUDA)
+// and the loader (not ZFEED_CUDA_ONLY).
 #pragma once
 
 #include <cstdint>
