@@ -342,7 +342,7 @@ bool DeviceLoader::enqueue() {
   uint64_t gpu_in = 0, gpu_out = 0, compressed_bytes = 0;
   const auto& memory = *host.memory;
   device_src_.assign(memory.compressed_count, nullptr);
-  if (reader_ && host_->locate_compressed()) {
+  if (reader_) {  // located chunks need reading, also in a batch assembled before a switch
     try {
       read_to_device(memory, device_src_);
     } catch (const Error& error) {
