@@ -464,7 +464,7 @@ uint64_t declared_length(int fd, uint64_t at) {
 
 }  // namespace
 
-GribSource::GribSource(const std::string& path) : path_(path) {
+GribSource::GribSource(const std::string& path) : Source(path) {
   fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd_ < 0) {
     const int error = errno;

@@ -38,10 +38,6 @@ class GribSource final : public Source {
   GribSource(const GribSource&) = delete;
   GribSource& operator=(const GribSource&) = delete;
 
-  const std::string& path() const override { return path_; }
-  const std::vector<Variable>& variables() const override { return variables_; }
-  const std::vector<std::string>& skipped() const override { return skipped_; }
-  const Json& attributes() const override { return attributes_; }
   void read(const Variable& variable, std::span<const uint64_t> start,
             std::span<const uint64_t> count, void* out) const override;
 
@@ -65,16 +61,12 @@ class GribSource final : public Source {
   void decode(uint32_t index, std::vector<float>& field) const;
   std::string where(uint32_t index) const;
 
-  std::string path_;
   int fd_ = -1;
   uint64_t ni_ = 0;  // points along a row (longitude)
   uint64_t nj_ = 0;  // rows (latitude)
   std::vector<Message> messages_;
-  std::vector<Variable> variables_;
   std::map<std::string, FieldTable> fields_;                 // data variables
   std::map<std::string, std::vector<uint8_t>> coordinates_;  // the values of the others
-  std::vector<std::string> skipped_;
-  Json attributes_ = Json::object();
 };
 
 // True if the file starts with "GRIB" and an edition byte of 1 or 2, possibly after a few bytes of

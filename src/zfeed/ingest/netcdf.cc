@@ -144,7 +144,7 @@ std::string format_name(int format) {
 
 }  // namespace
 
-NetcdfSource::NetcdfSource(const std::string& path) : path_(path) {
+NetcdfSource::NetcdfSource(const std::string& path) : Source(path) {
   std::lock_guard lock(netcdf_mutex());
   check(nc_open(path.c_str(), NC_NOWRITE, &ncid_), path);
   try {

@@ -19,10 +19,6 @@ class NetcdfSource final : public Source {
   NetcdfSource(const NetcdfSource&) = delete;
   NetcdfSource& operator=(const NetcdfSource&) = delete;
 
-  const std::string& path() const override { return path_; }
-  const std::vector<Variable>& variables() const override { return variables_; }
-  const std::vector<std::string>& skipped() const override { return skipped_; }
-  const Json& attributes() const override { return attributes_; }
   void read(const Variable& variable, std::span<const uint64_t> start,
             std::span<const uint64_t> count, void* out) const override;
 
@@ -30,13 +26,9 @@ class NetcdfSource final : public Source {
   const std::string& format() const { return format_; }
 
  private:
-  std::string path_;
   int ncid_ = -1;
   std::string format_;
-  std::vector<Variable> variables_;
   std::map<std::string, int> varids_;
-  std::vector<std::string> skipped_;
-  Json attributes_ = Json::object();
 };
 
 // True if the file starts with a netCDF-3 ("CDF\1", "CDF\2", "CDF\5") or HDF5 signature.

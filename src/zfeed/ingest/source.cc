@@ -127,7 +127,7 @@ Variable variable_of(const zarr::Array& array, const std::string& name) {
 
 }  // namespace
 
-ZarrSource::ZarrSource(const std::string& path) : path_(path) {
+ZarrSource::ZarrSource(const std::string& path) : Source(path) {
   auto store = open_store(path);
   zarr::Node node = zarr::open_node(store, "");
   if (auto* array = std::get_if<zarr::Array>(&node)) {

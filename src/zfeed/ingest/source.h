@@ -8,6 +8,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "zfeed/codec/data_type.h"
@@ -27,18 +28,20 @@ struct Variable {
   bool is_coordinate() const { return dims.size() == 1 && dims[0] == name; }
 };
 
+// What every source has (its path, variables, skipped variables and global attributes) lives
+// here, filled by the subclass when it opens; a subclass adds read().
 class Source {
  public:
   virtual ~Source() = default;
 
   // The path or URL, for messages.
-  virtual const std::string& path() const = 0;
+  const std::string& path() const { return path_; }
   // The variables zfeed can read, in the source's order.
-  virtual const std::vector<Variable>& variables() const = 0;
+  const std::vector<Variable>& variables() const { return variables_; }
   // Variables the source holds but zfeed cannot convert (strings, chars), with the reason.
-  virtual const std::vector<std::string>& skipped() const = 0;
+  const std::vector<std::string>& skipped() const { return skipped_; }
   // Global (group) attributes.
-  virtual const Json& attributes() const = 0;
+  const Json& attributes() const { return attributes_; }
   // Reads [start, start + count) of `variable` into `out`: dense, C order, native values of its
   // data type. Safe to call from several threads.
   virtual void read(const Variable& variable, std::span<const uint64_t> start,
@@ -46,6 +49,14 @@ class Source {
 
   // The variable named `name`, or nullptr.
   const Variable* find(std::string_view name) const;
+
+ protected:
+  explicit Source(std::string path) : path_(std::move(path)) {}
+
+  std::string path_;
+  std::vector<Variable> variables_;
+  std::vector<std::string> skipped_;
+  Json attributes_ = Json::object();
 };
 
 // Opens a netCDF-3/4 file or a GRIB 1/2 file (each recognized by its magic bytes; "GRIB" may

@@ -16,19 +16,11 @@ class ZarrSource final : public Source {
  public:
   explicit ZarrSource(const std::string& path);
 
-  const std::string& path() const override { return path_; }
-  const std::vector<Variable>& variables() const override { return variables_; }
-  const std::vector<std::string>& skipped() const override { return skipped_; }
-  const Json& attributes() const override { return attributes_; }
   void read(const Variable& variable, std::span<const uint64_t> start,
             std::span<const uint64_t> count, void* out) const override;
 
  private:
-  std::string path_;
-  std::vector<Variable> variables_;
   std::map<std::string, zarr::Array> arrays_;
-  std::vector<std::string> skipped_;
-  Json attributes_ = Json::object();
 };
 
 }  // namespace zfeed::ingest
