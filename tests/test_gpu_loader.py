@@ -305,3 +305,13 @@ def test_gds_off_and_auto_say_how_chunks_are_read(tmp_path):
     next(iter(auto))
     read = auto.stats()["device"]["read"]
     assert read["asked"] == "auto" and read["mode"] in ("gds", "host") and read["reason"], read
+
+
+@needs_gpu
+def test_gds_on_without_gpu_decoding_says_why(tmp_path):
+    path = make_codec_store(tmp_path / "cpu.zarr", "zstd:3")
+    with pytest.raises(zfeed.UnsupportedError, match="gds='on' reads the chunks that decode on the GPU, but decode='cpu'"):
+        zfeed.Loader(path, inputs=NAMES, device="cuda", decode="cpu", gds="on")
+    blosc = make_codec_store(tmp_path / "blosc.zarr", "blosc:lz4:5")
+    with pytest.raises(zfeed.UnsupportedError, match="gds='on' reads .* but no array's chunks decode on the GPU"):
+        zfeed.Loader(blosc, inputs=NAMES, device="cuda", decode="gpu", gds="on")

@@ -184,6 +184,11 @@ void DeviceLoader::choose_read_path() {
   stats_.read_mode = "host";
   if (!decoder_) {
     stats_.read_reason = "chunks decode on the CPU, so the host reads them";
+    // Asked of this loader (not machine-wide through ZFEED_GDS): say why it cannot be done.
+    if (policy == GdsPolicy::kOn && !options_.gds.empty())
+      throw UnsupportedError(
+          "gds='on' reads the chunks that decode on the GPU, but " +
+          (options_.decode == "cpu" ? std::string("decode='cpu'") : stats_.decode_reason));
     return;
   }
   if (policy == GdsPolicy::kOff) {
