@@ -195,7 +195,7 @@ def main() -> int:
         rows = []
         import zfeed
         # Chunks read by cuFile into GPU memory (compat mode where nvidia-fs is not loaded).
-        cufile = zfeed._core.gds_status("on")
+        cufile = zfeed.gds_status("on")
         log(f"cuFile: {cufile['mode']} ({cufile['reason']})")
         configurations = [("cuda", "float32", False, "cpu", None), ("cuda", "float32", False, "gpu", "off"),
                           ("cuda", "bfloat16", False, "gpu", "off"), ("cuda", "float32", False, "auto", None),

@@ -243,18 +243,18 @@ def test_auto_decode_measures_both_paths_and_says_which(tmp_path):
 
 
 def cufile_usable():
-    status = zfeed._core.gds_status("on")
+    status = zfeed.gds_status("on")
     return status["available"], status["reason"]
 
 
 def test_gds_status_says_whether_cufile_reads_and_why():
-    status = zfeed._core.gds_status("auto")
+    status = zfeed.gds_status("auto")
     assert status["mode"] in ("gds", "compat", "off") and status["reason"], status
-    off = zfeed._core.gds_status("off")
+    off = zfeed.gds_status("off")
     assert not off["available"] and off["mode"] == "off", off
     assert off["reason"].startswith("turned off") or off["reason"] == "zfeed was built without CUDA", off
     with pytest.raises(zfeed.ZarrError, match="gds='sometimes': expected off, auto or on"):
-        zfeed._core.gds_status("sometimes")
+        zfeed.gds_status("sometimes")
 
 
 @needs_gpu

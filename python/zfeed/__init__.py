@@ -34,7 +34,7 @@ def _load_core():
 
 _load_core()
 from ._core import NodeNotFoundError, UnsupportedError, ZarrError  # noqa: E402
-from ._core import build_info, cuda_status  # noqa: E402
+from ._core import build_info, cuda_status, gds_status  # noqa: E402
 from .array import Array, Group, create, create_group, open, open_array, open_group, memory_store
 from .loader import Loader
 
@@ -49,6 +49,7 @@ __all__ = [
     "create",
     "cuda_status",
     "create_group",
+    "gds_status",
     "memory_store",
     "open",
     "open_array",

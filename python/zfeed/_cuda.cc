@@ -229,8 +229,9 @@ void bind_cuda(nb::module_& m) {
         nb::dict out;
 #if ZFEED_HAVE_CUDA
         const zfeed::cuda::GdsStatus status =
-            policy.empty() ? zfeed::cuda::gds_status()
-                           : zfeed::cuda::gds_status(zfeed::cuda::gds_policy_from_name(policy, "gds"));
+            policy.empty()
+                ? zfeed::cuda::gds_status()
+                : zfeed::cuda::gds_status(zfeed::cuda::gds_policy_from_name(policy, "gds"));
         out["available"] = status.available;
         out["mode"] = status.mode;
         out["reason"] = status.reason;
@@ -246,7 +247,10 @@ void bind_cuda(nb::module_& m) {
 #endif
         return out;
       },
-      "policy"_a = "");
+      "policy"_a = "",
+      "Whether GPUDirect Storage (cuFile) reads run here under `policy` ('auto', 'on', 'off'; "
+      "'' takes ZFEED_GDS): a dict of available, mode ('gds': DMA with nvidia-fs, 'compat': "
+      "cuFile's own POSIX reads, 'off'), reason, library and version.");
 
 #if ZFEED_HAVE_CUDA
   nb::class_<CudaTensor>(m, "CudaTensor",
