@@ -60,11 +60,27 @@ void keep_eccodes_log(const codes_context*, int level, const char* message) {
   }
 }
 
-// The default context, with ecCodes' own printing to stderr replaced by keep_eccodes_log.
+// One of ecCodes' internal assertions failed: a corrupt message can reach them (seen: a bitmap
+// section whose computed length is negative). ecCodes would abort the process; its assertion hook
+// throws this instead, which unwinds through ecCodes' C frames (the library has unwind tables),
+// leaving behind what ecCodes had allocated for that message.
+class EccodesAssertion : public Error {
+ public:
+  using Error::Error;
+};
+
+void throw_eccodes_assertion(const char* message) {
+  throw EccodesAssertion(std::string("ecCodes rejected it in an internal check (") +
+                         (message ? message : "no message") + "): corrupt message");
+}
+
+// The default context, with ecCodes' own printing to stderr replaced by keep_eccodes_log and its
+// assertions turned into exceptions.
 codes_context* eccodes_context() {
   static codes_context* context = [] {
     codes_context* c = codes_context_get_default();
     codes_context_set_logging_proc(c, &keep_eccodes_log);
+    codes_set_codes_assertion_failed_proc(&throw_eccodes_assertion);
     return c;
   }();
   return context;
@@ -473,6 +489,9 @@ GribSource::GribSource(const std::string& path) : Source(path) {
   }
   try {
     scan();
+  } catch (const EccodesAssertion& assertion) {
+    ::close(fd_);
+    throw Error(path + ": " + assertion.what());
   } catch (...) {
     ::close(fd_);
     throw;
@@ -550,7 +569,13 @@ void GribSource::scan() {
     }
     int status = 0;
     last_eccodes_log.clear();
-    Handle handle(codes_handle_new_from_file(context, file.get(), PRODUCT_GRIB, &status));
+    Handle handle;
+    try {
+      handle.reset(codes_handle_new_from_file(context, file.get(), PRODUCT_GRIB, &status));
+    } catch (const EccodesAssertion& assertion) {
+      throw Error(path_ + ": message " + std::to_string(index + 1) + " at byte " +
+                  std::to_string(find_magic(fd_, end_of_last)) + ": " + assertion.what());
+    }
     if (!handle) {
       if (status == GRIB_SUCCESS || status == GRIB_END_OF_FILE) break;
       const uint64_t at = find_magic(fd_, end_of_last);
@@ -862,7 +887,7 @@ void GribSource::decode(uint32_t index, std::vector<float>& field) const {
   const size_t points = static_cast<size_t>(ni_ * nj_);
   std::vector<double> values(points);
   long bitmap = 0;
-  {
+  try {
     // Debian's ecCodes is built thread-safe; another build decodes one message at a time.
     std::unique_lock<std::mutex> lock;
     if (!ZFEED_ECCODES_THREAD_SAFE) lock = std::unique_lock<std::mutex>(decode_mutex());
@@ -900,6 +925,8 @@ void GribSource::decode(uint32_t index, std::vector<float>& field) const {
       throw Error(where(index) + ": decoded " + std::to_string(length) + " values for a grid of " +
                   std::to_string(points) + " points");
     }
+  } catch (const EccodesAssertion& assertion) {
+    throw Error(where(index) + ": " + assertion.what());
   }
   field.resize(points);
   for (size_t i = 0; i < points; ++i) {

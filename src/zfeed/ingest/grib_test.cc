@@ -487,6 +487,21 @@ TEST(GribSource, RefusesACodedValueCountBeyondTheGrid) {
                   "than the grid's 12 points");
 }
 
+// A message that trips one of ecCodes' internal assertions (a bitmap section whose computed
+// length is negative; found by grib_fuzz) is an error naming the file and message, not an abort
+// of the process; the next file opens normally.
+TEST(GribSource, AnEccodesAssertionIsAnErrorNotAnAbort) {
+  const std::string input =
+      std::string(ZFEED_SOURCE_DIR) + "/fuzz/regressions/grib_fuzz/eccodes-bitmap-assertion";
+  const std::string error = error_of([&] { GribSource source(input); });
+  EXPECT_CONTAINS(error,
+                  "eccodes-bitmap-assertion: message 1 at byte 0: ecCodes rejected it in an "
+                  "internal check (");
+  TempDir dir;
+  write_file(dir / "good.grib", make_message(FieldSpec{}));
+  EXPECT_EQ(GribSource(dir / "good.grib").message_count(), 1u);
+}
+
 TEST(GribSource, ConvertJoinsGribFilesAndRefusesMismatchedGrids) {
   TempDir dir;
   FieldSpec spec;
