@@ -41,8 +41,46 @@ constexpr uint64_t kMaxGridPoints = uint64_t{1} << 32;
 // O(N^2) time (about 1.4 s for N=4096 on one core, 60 s for N=32768), whatever the rows a message
 // holds; the finest regular Gaussian grids in use are far below this (F1280 is N=1280).
 constexpr long kMaxGaussianN = 4096;
-// More steps (in the message's own unit) than any forecast or climate run has.
-constexpr long kMaxStep = 100'000'000;
+// A longer forecast step than any forecast or climate run has (1000 years, in seconds).
+constexpr int64_t kMaxStepSeconds = int64_t{1000} * 365 * 86400;
+
+// The seconds in a step unit (ecCodes' stepUnits: GRIB 2 code table 4.4's numbers, for either
+// edition), months and longer at their shortest: for bounding a step only. nullopt: no such unit.
+std::optional<int64_t> step_unit_seconds(long unit) {
+  constexpr int64_t kDay = 86400;
+  switch (unit) {
+    case 0:
+      return 60;  // minute
+    case 1:
+      return 3600;  // hour
+    case 2:
+      return kDay;  // day
+    case 3:
+      return 28 * kDay;  // month
+    case 4:
+      return 365 * kDay;  // year
+    case 5:
+      return 3650 * kDay;  // decade
+    case 6:
+      return 30 * 365 * kDay;  // normal (30 years)
+    case 7:
+      return 36500 * kDay;  // century
+    case 10:
+      return 3 * 3600;  // 3 hours
+    case 11:
+      return 6 * 3600;  // 6 hours
+    case 12:
+      return 12 * 3600;  // 12 hours
+    case 13:
+      return 1;  // second
+    case 14:
+      return 15 * 60;  // 15 minutes
+    case 15:
+      return 30 * 60;  // 30 minutes
+    default:
+      return std::nullopt;
+  }
+}
 // The smallest whole message: GRIB 2's 16-byte indicator section and "7777" (GRIB 1 needs more).
 constexpr uint64_t kMinMessageBytes = 20;
 
@@ -644,10 +682,19 @@ void GribSource::scan() {
     message.level = keys.has("level") ? keys.real("level") : 0.0;
     message.time = epoch_seconds(keys.integer("dataDate"), keys.integer("dataTime"), where,
                                  "dataDate/dataTime");
-    // ecCodes takes minutes over the validity date of a corrupt step (an unknown unit, a huge
-    // count): check the step first.
-    if (const long step = keys.integer("endStep"); step < -kMaxStep || step > kMaxStep) {
-      throw Error(where + ": forecast step " + std::to_string(step) + " (corrupt header?)");
+    // ecCodes takes minutes over the validity date of a corrupt step (an unknown or missing unit,
+    // a huge count): check the step first. (Read after endStep, stepUnits is the unit endStep is
+    // given in; before, it is ecCodes' default.)
+    const long step = keys.integer("endStep");
+    const long unit = keys.integer_or("stepUnits", 1);
+    const std::optional<int64_t> unit_seconds = step_unit_seconds(unit);
+    if (!unit_seconds) {
+      throw Error(where + ": step unit " + std::to_string(unit) +
+                  " is not a unit of time (stepUnits; corrupt header?)");
+    }
+    if (step < -kMaxStepSeconds / *unit_seconds || step > kMaxStepSeconds / *unit_seconds) {
+      throw Error(where + ": forecast step " + std::to_string(step) + " (stepUnits " +
+                  std::to_string(unit) + ") is over 1000 years (corrupt header?)");
     }
     message.step = epoch_seconds(keys.integer("validityDate"), keys.integer("validityTime"), where,
                                  "validityDate/validityTime") -

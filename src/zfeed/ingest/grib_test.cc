@@ -502,6 +502,21 @@ TEST(GribSource, AnEccodesAssertionIsAnErrorNotAnAbort) {
   EXPECT_EQ(GribSource(dir / "good.grib").message_count(), 1u);
 }
 
+// A step in a missing unit (255) sent ecCodes' validity date into a minute-long loop; such a
+// message is refused at once, naming the unit, and so is a step beyond 1000 years.
+TEST(GribSource, RefusesAStepWithoutAUnitOfTimeOrBeyondAMillennium) {
+  TempDir dir;
+  FieldSpec spec;
+  std::string message = with_key(make_message(spec), "forecastTime", 393216);
+  write_file(dir / "unit.grib", with_key(message, "indicatorOfUnitOfTimeRange", 255));
+  EXPECT_CONTAINS(error_of([&] { GribSource source(dir / "unit.grib"); }),
+                  "unit.grib: message 1 at byte 0: step unit 255 is not a unit of time");
+  // 393216 days, which ecCodes gives in hours.
+  write_file(dir / "long.grib", with_key(message, "indicatorOfUnitOfTimeRange", 2));
+  EXPECT_CONTAINS(error_of([&] { GribSource source(dir / "long.grib"); }),
+                  "forecast step 9437184 (stepUnits 1) is over 1000 years");
+}
+
 TEST(GribSource, ConvertJoinsGribFilesAndRefusesMismatchedGrids) {
   TempDir dir;
   FieldSpec spec;
