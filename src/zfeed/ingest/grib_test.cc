@@ -3,6 +3,16 @@
 #if ZFEED_HAVE_GRIB
 #include <eccodes.h>
 #endif
+#if defined(__SANITIZE_ADDRESS__)
+#define ZFEED_LSAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define ZFEED_LSAN 1
+#endif
+#endif
+#if ZFEED_LSAN
+#include <sanitizer/lsan_interface.h>
+#endif
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -493,7 +503,15 @@ TEST(GribSource, RefusesACodedValueCountBeyondTheGrid) {
 TEST(GribSource, AnEccodesAssertionIsAnErrorNotAnAbort) {
   const std::string input =
       std::string(ZFEED_SOURCE_DIR) + "/fuzz/regressions/grib_fuzz/eccodes-bitmap-assertion";
+  // Unwinding out of ecCodes leaves what it had allocated for that message (the price of not
+  // aborting); LeakSanitizer is told to ignore this one open, not ecCodes as a whole.
+#if ZFEED_LSAN
+  __lsan_disable();
+#endif
   const std::string error = error_of([&] { GribSource source(input); });
+#if ZFEED_LSAN
+  __lsan_enable();
+#endif
   EXPECT_CONTAINS(error,
                   "eccodes-bitmap-assertion: message 1 at byte 0: ecCodes rejected it in an "
                   "internal check (");
