@@ -532,14 +532,26 @@ void add_sharded_t2m(const std::shared_ptr<Store>& store) {
   sharded.write(sharded.full_selection(), values.data());
 }
 
-TEST(Loader, ChunksHandedOverCompressedDecodeToTheSamePlanes) {
-  auto store = make_store();
-  add_sharded_t2m(store);
+// The store of the pass-compressed tests: t2m (one time step absent) and a sharded copy of it.
+void fill_pass_store(const std::shared_ptr<Store>& store) {
+  auto memory = make_store();
+  add_sharded_t2m(memory);
+  for (const auto& key : memory->list("")) store->set(key, *memory->get(key));
   store->erase("t2m/c/5/0/0");  // absent: the fill value, written by the loader
+}
 
-  auto spec = base_spec(store);
+// Their spec: both arrays, raw values (normalization left to the consumer).
+LoaderSpec pass_spec(std::shared_ptr<Store> store) {
+  auto spec = base_spec(std::move(store));
   spec.inputs.push_back(var("t2m_sharded"));
   spec.defer_normalization = true;
+  return spec;
+}
+
+TEST(Loader, ChunksHandedOverCompressedDecodeToTheSamePlanes) {
+  auto store = make_store();
+  fill_pass_store(store);
+  auto spec = pass_spec(store);
   Loader reference(spec);
   spec.pass_compressed = [](const zarr::Array&) { return true; };
   Loader passing(spec);
@@ -589,16 +601,8 @@ TEST(Loader, ChunksHandedOverCompressedDecodeToTheSamePlanes) {
 TEST(Loader, ChunksHandedOverCompressedAreLocatedInLocalFiles) {
   testing::TempDir dir;
   auto store = make_file_store(dir.path());
-  {
-    auto memory = make_store();
-    add_sharded_t2m(memory);
-    for (const auto& key : memory->list("")) store->set(key, *memory->get(key));
-  }
-  store->erase("t2m/c/5/0/0");  // absent: the fill value, written by the loader
-
-  auto spec = base_spec(store);
-  spec.inputs.push_back(var("t2m_sharded"));
-  spec.defer_normalization = true;
+  fill_pass_store(store);
+  auto spec = pass_spec(store);
   Loader reference(spec);
   spec.pass_compressed = [](const zarr::Array&) { return true; };
   Loader reading(spec);
