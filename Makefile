@@ -29,7 +29,7 @@ python:
 
 test-cpp: build
 	cd build/debug && ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
-	  ctest --output-on-failure -j $(JOBS)
+	  ctest --output-on-failure --timeout 600 -j $(JOBS)
 
 test-python: python
 	$(PY) -m pytest -q tests

@@ -1,6 +1,5 @@
 #include "zfeed/loader/loader.h"
 
-#include <pthread.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,6 +17,7 @@
 
 #include "zfeed/codec/data_type.h"
 #include "zfeed/util/error.h"
+#include "zfeed/util/fork_gate.h"
 #include "zfeed/util/io_counters.h"
 #include "zfeed/util/scratch.h"
 #include "zfeed/util/thread_pool.h"
@@ -375,9 +375,10 @@ struct Loader::Piece {
 };
 
 // ---------------------------------------------------------------------------------------------
-// Fork safety: every live loader's lock is held across fork(), so that a forked child (a
-// DataLoader worker, a multiprocessing fork) never inherits it locked by a thread that does not
-// exist there; the child's loader then notices it has no prefetch thread and starts its own.
+// Fork safety: fork() first waits for the prefetch thread and the pool to park (ForkGate), then
+// holds every live loader's lock across the fork, so that a forked child (a DataLoader worker, a
+// multiprocessing fork) never inherits a lock held by a thread that does not exist there; the
+// child's loader then notices it has no prefetch thread and starts its own.
 
 namespace {
 
@@ -391,7 +392,7 @@ std::vector<Loader::Shared*>& live_loaders() {
 }
 void register_fork_handlers() {
   static const bool registered = [] {
-    ::pthread_atfork(
+    ForkGate::add_fork_handlers(
         [] {
           live_loaders_mutex().lock();
           for (Loader::Shared* shared : live_loaders()) shared->mutex.lock();
@@ -1065,6 +1066,7 @@ void Loader::read_cached(std::span<const Piece> pieces) {
 
 void Loader::produce(uint64_t epoch, uint64_t first_batch) {
   Shared& shared = *shared_;
+  ForkGate::Pass pass;  // given up only while waiting for a buffer (and inside the pool's waits)
   try {
     const auto indices = sampler_.epoch_indices(epoch);
     const uint64_t batches = sampler_.batches_per_epoch();
@@ -1073,6 +1075,7 @@ void Loader::produce(uint64_t epoch, uint64_t first_batch) {
       Shared::Ready ready;
       ready.index = b;
       {
+        ForkGate::Release release;
         std::unique_lock lock(shared.mutex);
         const auto idle_start = Clock::now();
         shared.producer_waiting = true;

@@ -799,10 +799,7 @@ TEST(Loader, AForkedChildContinuesWithItsOwnThreads) {
     for (size_t i = 0; same && i < rest.size(); ++i) same = rest[i] == all[i + 1];
     ::_exit(same ? 0 : 1);
   }
-  int status = 0;
-  ASSERT_EQ(::waitpid(child, &status, 0), child);
-  ASSERT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 0) << "the forked child's batches differ";
+  EXPECT_EQ(testing::exit_status_of_child(child), 0) << "the forked child's batches differ";
   auto rest = drain(loader);  // the parent goes on too
   ASSERT_EQ(rest.size(), all.size() - 1);
   EXPECT_EQ(rest[0], all[1]);

@@ -3,14 +3,18 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <stdlib.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "zfeed/util/bytes.h"
@@ -125,6 +129,38 @@ inline Bytes pseudo_random_bytes(size_t n, uint64_t seed = 1, bool smooth = fals
 
 inline bool same_bytes(const void* a, const void* b, size_t n) {
   return n == 0 || std::memcmp(a, b, n) == 0;
+}
+
+}  // namespace zfeed::testing
+
+namespace zfeed::testing {
+
+// The exit status of a forked child, waiting at most `seconds`: a child still running then has
+// hung (a lock inherited from a thread that stayed in the parent); it is killed and the test
+// fails saying so, instead of hanging the whole test run. Returns -1 unless the child exited.
+inline int exit_status_of_child(pid_t child, double seconds = 60) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  int status = 0;
+  for (;;) {
+    const pid_t got = ::waitpid(child, &status, WNOHANG);
+    if (got == child) break;
+    if (got < 0) {
+      ADD_FAILURE() << "waitpid failed: " << std::strerror(errno);
+      return -1;
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      ::kill(child, SIGKILL);
+      ::waitpid(child, &status, 0);
+      ADD_FAILURE() << "the forked child hung (killed after " << seconds << " s)";
+      return -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  if (!WIFEXITED(status)) {
+    ADD_FAILURE() << "the forked child did not exit normally (status " << status << ")";
+    return -1;
+  }
+  return WEXITSTATUS(status);
 }
 
 }  // namespace zfeed::testing

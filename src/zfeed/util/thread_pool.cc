@@ -1,13 +1,15 @@
 #include "zfeed/util/thread_pool.h"
 
-#include <pthread.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <exception>
 #include <new>
 #include <string>
+
+#include "zfeed/util/fork_gate.h"
 
 namespace zfeed {
 
@@ -79,15 +81,24 @@ void ThreadPool::run_some(Job& job) {
 }
 
 void ThreadPool::worker_loop() {
+  // A worker holds a fork pass except while idle, so fork() waits for the calls it runs and
+  // for its allocations and frees around them (taking a job, dropping finished ones).
+  ForkGate::Pass pass;
   for (;;) {
-    std::shared_ptr<Job> job;
     {
+      ForkGate::Release idle;
       std::unique_lock lock(mutex_);
       work_available_.wait(lock, [this] {
-        while (!jobs_.empty() && jobs_.front()->exhausted()) jobs_.pop_front();
-        return stopping_ || !jobs_.empty();
+        return stopping_ || std::any_of(jobs_.begin(), jobs_.end(),
+                                        [](const auto& job) { return !job->exhausted(); });
       });
+    }
+    std::shared_ptr<Job> job;
+    {
+      std::lock_guard lock(mutex_);
       if (stopping_) return;
+      while (!jobs_.empty() && jobs_.front()->exhausted()) jobs_.pop_front();
+      if (jobs_.empty()) continue;
       job = jobs_.front();
     }
     run_some(*job);
@@ -96,6 +107,7 @@ void ThreadPool::worker_loop() {
 
 void ThreadPool::parallel_for(size_t n, const std::function<void(size_t)>& fn) {
   if (n == 0) return;
+  ForkGate::Pass pass;  // given up only while waiting for the workers
   if (pid_ != ::getpid()) restart_after_fork();
   if (n == 1 || workers_.empty()) {
     for (size_t i = 0; i < n; ++i) fn(i);
@@ -115,6 +127,7 @@ void ThreadPool::parallel_for(size_t n, const std::function<void(size_t)>& fn) {
   }
   run_some(*job);
   {
+    ForkGate::Release release;  // waiting for the workers, who may be parked for a fork
     std::unique_lock lock(job->mutex);
     job->done_cv.wait(lock, [&] { return job->done == job->count; });
   }
@@ -134,11 +147,11 @@ ThreadPool& ThreadPool::shared() {
     // Hold the pool's lock across fork() so that the child never inherits it locked.
     // In the child, the parent's workers may still be counted as waiters of the condition
     // variable (a notify would wait for them forever): start it afresh.
-    ::pthread_atfork([] { pool.mutex_.lock(); }, [] { pool.mutex_.unlock(); },
-                     [] {
-                       new (&pool.work_available_) std::condition_variable();
-                       pool.mutex_.unlock();
-                     });
+    ForkGate::add_fork_handlers([] { pool.mutex_.lock(); }, [] { pool.mutex_.unlock(); },
+                                [] {
+                                  new (&pool.work_available_) std::condition_variable();
+                                  pool.mutex_.unlock();
+                                });
     return true;
   }();
   (void)registered;
