@@ -1,5 +1,6 @@
 #include "zfeed/codec/codec.h"
 
+#include <cstring>
 #include <map>
 #include <mutex>
 
@@ -65,7 +66,8 @@ std::vector<std::string> registered_codecs() {
 
 CodecConfig::CodecConfig(std::string codec, const Json& configuration)
     : codec_(std::move(codec)), configuration_(configuration) {
-  if (!configuration_.is_object()) fail("configuration must be an object, got " + configuration_.dump());
+  if (!configuration_.is_object())
+    fail("configuration must be an object, got " + configuration_.dump());
 }
 
 void CodecConfig::fail(std::string_view why) const {
@@ -110,7 +112,8 @@ std::string CodecConfig::string(std::string_view field, std::optional<std::strin
     if (fallback) return *fallback;
     require(field);
   }
-  if (!value->is_string()) fail("\"" + std::string(field) + "\" must be a string, got " + value->dump());
+  if (!value->is_string())
+    fail("\"" + std::string(field) + "\" must be a string, got " + value->dump());
   return value->get<std::string>();
 }
 
@@ -119,7 +122,8 @@ void CodecConfig::reject_unknown(std::initializer_list<std::string_view> known) 
     bool is_known = false;
     for (auto name : known) is_known = is_known || key == name;
     if (is_known) continue;
-    if (value.is_object() && value.contains("must_understand") && value["must_understand"] == false) {
+    if (value.is_object() && value.contains("must_understand") &&
+        value["must_understand"] == false) {
       continue;
     }
     fail("unknown configuration field \"" + key + "\"");
@@ -143,7 +147,8 @@ CodecChain CodecChain::from_json(const Json& codecs, const ChunkSpec& spec) {
       name = entry["name"].get<std::string>();
       for (const auto& [key, value] : entry.items()) {
         if (key != "name" && key != "configuration" && key != "must_understand") {
-          throw Error("codecs[" + std::to_string(index) + "] (" + name + "): unknown field \"" + key + "\"");
+          throw Error("codecs[" + std::to_string(index) + "] (" + name + "): unknown field \"" +
+                      key + "\"");
         }
       }
       if (entry.contains("configuration")) configuration = &entry["configuration"];
@@ -175,8 +180,8 @@ CodecChain CodecChain::from_json(const Json& codecs, const ChunkSpec& spec) {
       }
       case CodecKind::kArrayToBytes:
         if (chain.array_to_bytes_) {
-          throw Error("codec chain has two array->bytes codecs (\"" + chain.array_to_bytes_->name() +
-                      "\" and \"" + name + "\")");
+          throw Error("codec chain has two array->bytes codecs (\"" +
+                      chain.array_to_bytes_->name() + "\" and \"" + name + "\")");
         }
         chain.array_to_bytes_ = std::static_pointer_cast<const ArrayToBytesCodec>(codec);
         chain.array_to_bytes_spec_ = current;
@@ -190,7 +195,8 @@ CodecChain CodecChain::from_json(const Json& codecs, const ChunkSpec& spec) {
         break;
     }
   }
-  if (!chain.array_to_bytes_) throw Error("codec chain has no array->bytes codec (such as \"bytes\")");
+  if (!chain.array_to_bytes_)
+    throw Error("codec chain has no array->bytes codec (such as \"bytes\")");
   return chain;
 }
 
@@ -246,7 +252,8 @@ Bytes CodecChain::encode(const uint8_t* chunk) const {
 void CodecChain::decode(ByteView encoded, uint8_t* out) const {
   // Bound (or exact size) of the input to each bytes->bytes codec's decode, in chain order.
   const size_t n = bytes_to_bytes_.size();
-  const bool direct = n > 0 && array_to_array_.empty() && array_to_bytes_->is_native_layout(array_to_bytes_spec_);
+  const bool direct =
+      n > 0 && array_to_array_.empty() && array_to_bytes_->is_native_layout(array_to_bytes_spec_);
   ByteView current = encoded;
   Bytes storage[2];
   if (n > 0) {
@@ -298,6 +305,29 @@ void CodecChain::decode(ByteView encoded, uint8_t* out) const {
     array_to_array_[j]->decode(source, array_to_array_specs_[j], target);
     source = target;
   }
+}
+
+bool CodecChain::decode_prefix(ByteView encoded, uint8_t* out, uint64_t size) const {
+  if (!array_to_bytes_ || !array_to_array_.empty() ||
+      !array_to_bytes_->is_native_layout(array_to_bytes_spec_) ||
+      size > array_to_bytes_spec_.num_bytes()) {
+    return false;
+  }
+  // Only checking codecs (crc32c) outside the one compressor, which must stop early.
+  ByteView current = encoded;
+  for (size_t i = bytes_to_bytes_.size(); i-- > 0;) {
+    if (auto view = bytes_to_bytes_[i]->decode_view(current)) {
+      current = *view;
+      continue;
+    }
+    return i == 0 && bytes_to_bytes_[0]->decode_prefix(current, {out, static_cast<size_t>(size)});
+  }
+  if (current.size() != array_to_bytes_spec_.num_bytes()) {
+    throw Error("chunk holds " + std::to_string(current.size()) + " bytes, expected " +
+                std::to_string(array_to_bytes_spec_.num_bytes()));
+  }
+  std::memcpy(out, current.data(), size);
+  return true;
 }
 
 }  // namespace zfeed

@@ -47,8 +47,10 @@ class ArrayToArrayCodec : public Codec {
   CodecKind kind() const final { return CodecKind::kArrayToArray; }
   virtual ChunkSpec encoded_spec(const ChunkSpec& decoded) const = 0;
   // Both buffers hold num_bytes() of the decoded spec; they do not overlap.
-  virtual void encode(const uint8_t* decoded, const ChunkSpec& decoded_spec, uint8_t* encoded) const = 0;
-  virtual void decode(const uint8_t* encoded, const ChunkSpec& decoded_spec, uint8_t* decoded) const = 0;
+  virtual void encode(const uint8_t* decoded, const ChunkSpec& decoded_spec,
+                      uint8_t* encoded) const = 0;
+  virtual void decode(const uint8_t* encoded, const ChunkSpec& decoded_spec,
+                      uint8_t* decoded) const = 0;
 };
 
 class ArrayToBytesCodec : public Codec {
@@ -76,6 +78,10 @@ class BytesToBytesCodec : public Codec {
   virtual Bytes decode(ByteView encoded, uint64_t max_size) const = 0;
   // Codecs that only check or strip (crc32c) return a view into `encoded` instead of copying.
   virtual std::optional<ByteView> decode_view(ByteView) const { return std::nullopt; }
+  // Decodes only the first out.size() bytes of the stream (the rest is neither decoded nor
+  // checked), for reads that need only the start of a chunk. False where the codec cannot stop
+  // early; an error where the stream ends before out.size() bytes.
+  virtual bool decode_prefix(ByteView, MutableByteView) const { return false; }
   virtual std::optional<uint64_t> encoded_size(uint64_t) const { return std::nullopt; }
   // An upper bound on the encoded size, used to bound intermediate decodes.
   virtual uint64_t max_encoded_size(uint64_t decoded_size) const = 0;
@@ -105,7 +111,8 @@ class CodecConfig {
   CodecConfig(std::string codec, const Json& configuration);
   const Json* find(std::string_view field) const;
   const Json& require(std::string_view field) const;
-  int64_t integer(std::string_view field, int64_t low, int64_t high, std::optional<int64_t> fallback) const;
+  int64_t integer(std::string_view field, int64_t low, int64_t high,
+                  std::optional<int64_t> fallback) const;
   std::string string(std::string_view field, std::optional<std::string> fallback) const;
   // Errors for fields the codec does not know, unless marked "must_understand": false.
   void reject_unknown(std::initializer_list<std::string_view> known) const;
@@ -131,6 +138,10 @@ class CodecChain {
   Bytes encode(const uint8_t* chunk) const;
   // Decodes one encoded chunk into `out` (spec().num_bytes() bytes, native C order).
   void decode(ByteView encoded, uint8_t* out) const;
+  // Decodes only the first `size` bytes of the chunk (native C order) into `out`, decoding no
+  // more of the stream than that needs. False (nothing written) where the chain cannot: a
+  // transpose, a non-native bytes codec, or a compressor that cannot stop early (only zstd can).
+  bool decode_prefix(ByteView encoded, uint8_t* out, uint64_t size) const;
 
   // True if the stored bytes are exactly the chunk in memory (a single native bytes codec).
   bool is_identity() const;

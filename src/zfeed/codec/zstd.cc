@@ -48,7 +48,8 @@ unsigned long long stream_content_size(ByteView encoded) {
     unsigned long long content = ZSTD_getFrameContentSize(encoded.data() + pos, frame);
     if (content == ZSTD_CONTENTSIZE_ERROR || content == ZSTD_CONTENTSIZE_UNKNOWN ||
         __builtin_add_overflow(total, content, &total)) {
-      return pos == 0 && content == ZSTD_CONTENTSIZE_ERROR ? ZSTD_CONTENTSIZE_ERROR : ZSTD_CONTENTSIZE_UNKNOWN;
+      return pos == 0 && content == ZSTD_CONTENTSIZE_ERROR ? ZSTD_CONTENTSIZE_ERROR
+                                                           : ZSTD_CONTENTSIZE_UNKNOWN;
     }
     pos += frame;
   }
@@ -72,7 +73,8 @@ class ZstdCodec final : public BytesToBytesCodec {
     ZSTD_CCtx_setParameter(context, ZSTD_c_contentSizeFlag, 1);
     Bytes out(ZSTD_compressBound(decoded.size()));
     size_t size = ZSTD_compress2(context, out.data(), out.size(), decoded.data(), decoded.size());
-    if (ZSTD_isError(size)) throw Error(std::string("zstd: compression failed: ") + ZSTD_getErrorName(size));
+    if (ZSTD_isError(size))
+      throw Error(std::string("zstd: compression failed: ") + ZSTD_getErrorName(size));
     out.resize(size);
     return out;
   }
@@ -114,13 +116,15 @@ class ZstdCodec final : public BytesToBytesCodec {
     }
     if (content != ZSTD_CONTENTSIZE_UNKNOWN) {
       if (content > out.size()) {
-        throw Error("zstd: frame holds " + std::to_string(content) + " bytes, more than the expected " +
-                    std::to_string(out.size()));
+        throw Error("zstd: frame holds " + std::to_string(content) +
+                    " bytes, more than the expected " + std::to_string(out.size()));
       }
-      size_t size = ZSTD_decompressDCtx(thread_dctx(), out.data(), out.size(), encoded.data(), encoded.size());
+      size_t size = ZSTD_decompressDCtx(thread_dctx(), out.data(), out.size(), encoded.data(),
+                                        encoded.size());
       if (ZSTD_isError(size)) {
         if (ZSTD_getErrorCode(size) == ZSTD_error_dstSize_tooSmall) {
-          throw Error("zstd: stream decodes to more than the expected " + std::to_string(out.size()) + " bytes");
+          throw Error("zstd: stream decodes to more than the expected " +
+                      std::to_string(out.size()) + " bytes");
         }
         zstd_fail(size, encoded.size());
       }
@@ -132,7 +136,8 @@ class ZstdCodec final : public BytesToBytesCodec {
     }
     size_t size = stream(encoded, out);
     if (size > out.size()) {
-      throw Error("zstd: stream decodes to more than the expected " + std::to_string(out.size()) + " bytes");
+      throw Error("zstd: stream decodes to more than the expected " + std::to_string(out.size()) +
+                  " bytes");
     }
     if (size != out.size()) {
       throw Error("zstd: stream decodes to " + std::to_string(size) + " bytes, expected " +
@@ -140,16 +145,42 @@ class ZstdCodec final : public BytesToBytesCodec {
     }
   }
 
+  // Streams only until `out` is full: decoding stops there, mid-block, mid-frame.
+  bool decode_prefix(ByteView encoded, MutableByteView out) const override {
+    // Only the first frame's header is checked: the rest of the stream may never be reached.
+    if (ZSTD_getFrameContentSize(encoded.data(), encoded.size()) == ZSTD_CONTENTSIZE_ERROR) {
+      throw Error("zstd: not a zstd frame (" + std::to_string(encoded.size()) + " bytes)");
+    }
+    ZSTD_DCtx* context = thread_dctx();
+    ZSTD_DCtx_reset(context, ZSTD_reset_session_only);
+    ZSTD_inBuffer input{encoded.data(), encoded.size(), 0};
+    ZSTD_outBuffer output{out.data(), out.size(), 0};
+    while (output.pos < output.size) {
+      const size_t before_in = input.pos, before_out = output.pos;
+      const size_t hint = ZSTD_decompressStream(context, &output, &input);
+      if (ZSTD_isError(hint)) zstd_fail(hint, encoded.size());
+      const bool stalled = input.pos == before_in && output.pos == before_out;
+      if (output.pos < output.size && ((input.pos == input.size && hint == 0) || stalled)) {
+        throw Error("zstd: stream of " + std::to_string(encoded.size()) + " bytes decodes to " +
+                    std::to_string(output.pos) + " bytes, fewer than the " +
+                    std::to_string(out.size()) + " needed");
+      }
+    }
+    return true;
+  }
+
   Bytes decode(ByteView encoded, uint64_t max_size) const override {
     unsigned long long content = stream_content_size(encoded);
     if (content == ZSTD_CONTENTSIZE_ERROR) {
       throw Error("zstd: not a zstd frame (" + std::to_string(encoded.size()) + " bytes)");
     }
-    uint64_t capacity = content != ZSTD_CONTENTSIZE_UNKNOWN ? content : std::max<uint64_t>(encoded.size() * 4, 1 << 16);
+    uint64_t capacity = content != ZSTD_CONTENTSIZE_UNKNOWN
+                            ? content
+                            : std::max<uint64_t>(encoded.size() * 4, 1 << 16);
     if (capacity > max_size) {
       if (content != ZSTD_CONTENTSIZE_UNKNOWN) {
-        throw Error("zstd: frame holds " + std::to_string(content) + " bytes, more than the expected maximum " +
-                    std::to_string(max_size));
+        throw Error("zstd: frame holds " + std::to_string(content) +
+                    " bytes, more than the expected maximum " + std::to_string(max_size));
       }
       capacity = max_size;
     }
@@ -168,7 +199,8 @@ class ZstdCodec final : public BytesToBytesCodec {
       if (capacity >= max_size) break;
       capacity = std::min(capacity * 2 + 1024, max_size);
     }
-    throw Error("zstd: stream decodes to more than the expected maximum of " + std::to_string(max_size) + " bytes");
+    throw Error("zstd: stream decodes to more than the expected maximum of " +
+                std::to_string(max_size) + " bytes");
   }
 
   uint64_t max_encoded_size(uint64_t decoded) const override { return ZSTD_compressBound(decoded); }
@@ -184,7 +216,8 @@ std::shared_ptr<Codec> make_zstd(const Json& configuration, const ChunkSpec&) {
   int level = static_cast<int>(config.integer("level", ZSTD_minCLevel(), ZSTD_maxCLevel(), 0));
   bool checksum = false;
   if (const Json* value = config.find("checksum")) {
-    if (!value->is_boolean()) config.fail("\"checksum\" must be true or false, got " + value->dump());
+    if (!value->is_boolean())
+      config.fail("\"checksum\" must be true or false, got " + value->dump());
     checksum = value->get<bool>();
   }
   return std::make_shared<ZstdCodec>(level, checksum);

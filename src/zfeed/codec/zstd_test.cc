@@ -183,5 +183,74 @@ TEST(ZstdCodec, DecompressionBombIsRefused) {
   EXPECT_CONTAINS(message, "more than the expected maximum");
 }
 
+// decode_prefix gives exactly the first bytes of the full decode, from one frame or several,
+// with or without content sizes, through a crc32c too; it stops early enough that a stream cut
+// after the needed part still gives it.
+TEST(ZstdCodec, PrefixDecodesEqualTheStartOfTheWholeDecode) {
+  // 1 MiB: zstd stops at block boundaries (128 KiB of output), so it needs several blocks.
+  auto spec = make_spec(DataTypeId::kFloat32, {1024, 256});
+  const Bytes values = testing::sample_chunk(spec);
+  const ByteView half_values{values.data(), values.size() / 2};
+  const ByteView rest_values{values.data() + values.size() / 2, values.size() / 2};
+  const CodecChain chain = make_chain(kBytesZstd, spec);
+  const CodecChain checked = make_chain(
+      R"([{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "zstd"},
+          {"name": "crc32c"}])",
+      spec);
+  const std::vector<std::pair<std::string, Bytes>> streams = {
+      {"one frame", chain.encode(values.data())},
+      {"no content size", frame_without_content_size(values)},
+      {"two frames",
+       concat(frame_with_content_size(half_values), frame_without_content_size(rest_values))}};
+  for (const auto& [name, stream] : streams) {
+    for (uint64_t size : {uint64_t{0}, uint64_t{1}, uint64_t{4096}, values.size() / 2 - 3,
+                          values.size() / 2 + 5, values.size() - 1, values.size()}) {
+      SCOPED_TRACE(name + ", " + std::to_string(size) + " bytes");
+      Bytes out(size);
+      ASSERT_TRUE(chain.decode_prefix(stream, out.data(), size));
+      EXPECT_TRUE(testing::same_bytes(out.data(), values.data(), size));
+    }
+  }
+  Bytes out(1000);
+  ASSERT_TRUE(checked.decode_prefix(checked.encode(values.data()), out.data(), out.size()));
+  EXPECT_TRUE(testing::same_bytes(out.data(), values.data(), out.size()));
+
+  // Cut after a third: the first quarter still decodes, the first half is a clear error.
+  Bytes cut = chain.encode(values.data());
+  cut.resize(cut.size() / 3);
+  Bytes quarter(values.size() / 4);
+  ASSERT_TRUE(chain.decode_prefix(cut, quarter.data(), quarter.size()));
+  EXPECT_TRUE(testing::same_bytes(quarter.data(), values.data(), quarter.size()));
+  Bytes half(values.size() / 2);
+  EXPECT_CONTAINS(testing::error_of([&] { chain.decode_prefix(cut, half.data(), half.size()); }),
+                  "needed");
+  EXPECT_CONTAINS(testing::error_of([&] {
+                    chain.decode_prefix(Bytes(std::string_view("not zstd")), half.data(), 8);
+                  }),
+                  "not a zstd frame");
+}
+
+TEST(ZstdCodec, ChainsThatCannotStopEarlySayNo) {
+  auto spec = make_spec(DataTypeId::kFloat32, {8, 8});
+  const Bytes values = testing::sample_chunk(spec);
+  Bytes out(values.size());
+  for (const char* codecs :
+       {R"([{"name": "transpose", "configuration": {"order": [1, 0]}}, {"name": "bytes",
+            "configuration": {"endian": "little"}}, {"name": "zstd"}])",
+        R"([{"name": "bytes", "configuration": {"endian": "big"}}, {"name": "zstd"}])",
+        R"([{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "gzip",
+            "configuration": {"level": 1}}])"}) {
+    SCOPED_TRACE(codecs);
+    const CodecChain chain = make_chain(codecs, spec);
+    EXPECT_FALSE(chain.decode_prefix(chain.encode(values.data()), out.data(), 16));
+  }
+  // Uncompressed: the prefix is the stored bytes themselves.
+  const CodecChain raw =
+      make_chain(R"([{"name": "bytes", "configuration": {"endian": "little"}}])", spec);
+  ASSERT_TRUE(raw.decode_prefix(raw.encode(values.data()), out.data(), 16));
+  EXPECT_TRUE(testing::same_bytes(out.data(), values.data(), 16));
+  EXPECT_FALSE(raw.decode_prefix(raw.encode(values.data()), out.data(), values.size() + 1));
+}
+
 }  // namespace
 }  // namespace zfeed

@@ -36,6 +36,8 @@ class ChunkCache {
   // Adds (or replaces) a decoded chunk, then evicts the least recently used entries until the
   // cache holds at most the budget. A chunk larger than the whole budget is not kept.
   void insert(const ChunkKey& key, std::shared_ptr<Bytes> chunk);
+  // Whether the chunk is held, without marking or counting it.
+  bool contains(const ChunkKey& key) const { return index_.count(key) > 0; }
   void clear();
   // The entries evicted (or refused) since the last call, for the caller to recycle their memory
   // once nobody else holds them.

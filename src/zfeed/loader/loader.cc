@@ -303,6 +303,7 @@ Json LoaderStats::to_json() const {
               {"bytes_decoded", bytes_decoded},
               {"bytes_delivered", bytes_delivered},
               {"chunks_decoded", chunks_decoded},
+              {"planes_read_alone", planes_read_alone},
               {"chunks_passed", chunks_passed},
               {"chunks_located", chunks_located},
               {"cache_hits", cache_hits},
@@ -334,8 +335,8 @@ struct Loader::Shared {
 
   std::atomic<uint64_t> read_ns{0}, decode_ns{0}, assemble_ns{0}, batch_ns{0}, wait_ns{0},
       idle_ns{0}, bytes_read{0}, bytes_decoded{0}, bytes_delivered{0}, chunks_decoded{0},
-      chunks_passed{0}, chunks_located{0}, cache_hits{0}, cache_bytes{0}, batches{0}, samples{0},
-      buffers{0};
+      planes_read_alone{0}, chunks_passed{0}, chunks_located{0}, cache_hits{0}, cache_bytes{0},
+      batches{0}, samples{0}, buffers{0};
 
   std::unique_ptr<BatchMemory> allocate() {
     auto memory = std::make_unique<BatchMemory>();
@@ -716,6 +717,15 @@ Loader::Loader(LoaderSpec spec) : spec_(std::move(spec)), shared_(std::make_shar
     budget = (2 * window + 2) * chunk_row_bytes;
   }
   cache_ = ChunkCache(budget);
+  // How many batches a decoded chunk stays cached: each batch brings about batch_size / time_chunk
+  // new time chunks, and the window under way holds `window` of the budget's.
+  const uint64_t cached_rows = chunk_row_bytes > 0 ? budget / chunk_row_bytes : 0;
+  if (cached_rows * time_chunk >= time_extent_) {
+    horizon_batches_ = UINT64_MAX;  // everything fits
+  } else {
+    horizon_batches_ = std::max<uint64_t>(
+        1, (cached_rows > window ? cached_rows - window : 0) * time_chunk / spec_.batch_size);
+  }
 
   auto in = input_shape(), out = target_shape();
   shared_->input_bytes = in[0] * in[1] * in[2] * in[3] * output_size(assembled_input_type());
@@ -788,8 +798,14 @@ bool Loader::set_locate_compressed(bool enabled) {
   return locate_enabled_;
 }
 
-void Loader::assemble(uint64_t epoch, std::span<const uint64_t> times, void* inputs_ptr,
-                      void* targets_ptr, BatchMemory* memory) {
+void Loader::assemble(uint64_t epoch, std::span<const uint64_t> times, void* inputs, void* targets,
+                      BatchMemory* memory) {
+  assemble_batch(epoch, std::nullopt, times, inputs, targets, memory);
+}
+
+void Loader::assemble_batch(uint64_t epoch, std::optional<uint64_t> batch,
+                            std::span<const uint64_t> times, void* inputs_ptr, void* targets_ptr,
+                            BatchMemory* memory) {
   const auto batch_start = Clock::now();
   auto* inputs = static_cast<uint8_t*>(inputs_ptr);
   auto* targets = static_cast<uint8_t*>(targets_ptr);
@@ -841,7 +857,9 @@ void Loader::assemble(uint64_t epoch, std::span<const uint64_t> times, void* inp
       }
     }
   }
-  read_cached(cached);
+  std::vector<Piece> alone;
+  read_cached(cached, batch, alone);
+  direct.insert(direct.end(), alone.begin(), alone.end());
   read_direct(direct, memory);
   const uint64_t batch_ns = elapsed_ns(batch_start);
   shared_->batch_ns += batch_ns;
@@ -926,8 +944,9 @@ void Loader::read_direct(std::span<const Piece> pieces, BatchMemory* memory) {
 
 // Pieces whose array has several planes per read chunk: the batch's distinct chunks come from the
 // cache or are decoded once (in parallel), then every piece is scattered from them.
-void Loader::read_cached(std::span<const Piece> pieces) {
-  if (pieces.empty()) return;
+void Loader::read_cached(std::span<const Piece> all_pieces, std::optional<uint64_t> batch,
+                         std::vector<Piece>& alone) {
+  if (all_pieces.empty()) return;
   struct Span {
     uint64_t first, last;  // chunk indices along lat and lon
   };
@@ -948,6 +967,38 @@ void Loader::read_cached(std::span<const Piece> pieces) {
     key.chunk.push_back(x);
     return key;
   };
+
+  // A chunk needed by this batch only as a neighbor (a target's or history's step) while its own
+  // samples are done or further away than the cache keeps a chunk would be evicted before they
+  // come: a piece of it not in the cache is read alone, decoding only the start of the chunk
+  // where it can, and not cached.
+  auto needed_only_as_neighbor = [&](const Piece& piece) {
+    if (!batch || own_batches_.empty()) return false;
+    const uint64_t steps = read_chunks_[piece.array][0];
+    const uint64_t begin = piece.time / steps * steps;
+    const uint64_t end = std::min<uint64_t>(begin + steps, own_batches_.size());
+    uint64_t first = UINT64_MAX, last = 0;
+    for (uint64_t t = begin; t < end; ++t) {
+      first = std::min(first, own_batches_[t].first);
+      last = std::max(last, own_batches_[t].second);
+    }
+    const bool own_soon = first <= *batch || first - *batch <= horizon_batches_;
+    return first == UINT64_MAX || !own_soon || *batch > last;
+  };
+  std::vector<Piece> kept;
+  kept.reserve(all_pieces.size());
+  for (const Piece& piece : all_pieces) {
+    bool read_alone = needed_only_as_neighbor(piece);
+    const auto [ys, xs] = spans(piece);
+    for (uint64_t y = ys.first; read_alone && y <= ys.last; ++y) {
+      for (uint64_t x = xs.first; read_alone && x <= xs.last; ++x) {
+        read_alone = !cache_.contains(key_of(piece, y, x));
+      }
+    }
+    (read_alone ? alone : kept).push_back(piece);
+  }
+  shared_->planes_read_alone += alone.size();
+  const std::span<const Piece> pieces = kept;
 
   std::unordered_map<ChunkKey, std::shared_ptr<Bytes>, ChunkKeyHash> chunks;
   std::vector<ChunkKey> missing;
@@ -1069,6 +1120,7 @@ void Loader::produce(uint64_t epoch, uint64_t first_batch) {
   ForkGate::Pass pass;  // given up only while waiting for a buffer (and inside the pool's waits)
   try {
     const auto indices = sampler_.epoch_indices(epoch);
+    plan_own_batches(indices);
     const uint64_t batches = sampler_.batches_per_epoch();
     const uint64_t batch_size = spec_.batch_size;
     for (uint64_t b = first_batch; b < batches; ++b) {
@@ -1099,8 +1151,8 @@ void Loader::produce(uint64_t epoch, uint64_t first_batch) {
         ready.memory->crops[2 * i + 1] = static_cast<int64_t>(origin[1]);
       }
       try {
-        assemble(epoch, times, ready.memory->inputs.data(), ready.memory->targets.data(),
-                 ready.memory.get());
+        assemble_batch(epoch, b, times, ready.memory->inputs.data(), ready.memory->targets.data(),
+                       ready.memory.get());
       } catch (...) {
         ready.error = std::current_exception();
       }
@@ -1127,6 +1179,18 @@ void Loader::produce(uint64_t epoch, uint64_t first_batch) {
     shared.producer_done = true;
   }
   shared.cv.notify_all();
+}
+
+void Loader::plan_own_batches(std::span<const uint64_t> indices) {
+  own_batches_.clear();
+  if (sampler_.options().group_size <= 1) return;
+  own_batches_.assign(time_extent_, {UINT64_MAX, 0});
+  for (uint64_t p = 0; p < indices.size(); ++p) {
+    auto& [first, last] = own_batches_[sample_time(indices[p])];
+    const uint64_t b = p / spec_.batch_size;
+    first = std::min(first, b);
+    last = std::max(last, b);
+  }
 }
 
 void Loader::start_producer() {
@@ -1317,6 +1381,7 @@ LoaderStats Loader::stats() const {
   stats.bytes_decoded = s.bytes_decoded;
   stats.bytes_delivered = s.bytes_delivered;
   stats.chunks_decoded = s.chunks_decoded;
+  stats.planes_read_alone = s.planes_read_alone;
   stats.chunks_passed = s.chunks_passed;
   stats.chunks_located = s.chunks_located;
   stats.cache_hits = s.cache_hits;

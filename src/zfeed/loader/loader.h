@@ -181,8 +181,13 @@ struct LoaderStats {
   uint64_t bytes_decoded = 0;    // decoded chunk bytes (in the arrays' data types)
   uint64_t bytes_delivered = 0;  // bytes of the batches handed out
   uint64_t chunks_decoded = 0;   // through the cache (misses)
-  uint64_t chunks_passed = 0;    // handed over compressed (LoaderSpec::pass_compressed)
-  uint64_t chunks_located = 0;   // of those, located in a local file, not read
+  // Planes read by themselves from a chunk of several, not cached: the chunk was needed only as a
+  // neighbor (a target's or history's step beyond its samples' own chunk) far from its own
+  // samples, so only its start is decoded (where the codecs can stop early) and its own window
+  // decodes it whole.
+  uint64_t planes_read_alone = 0;
+  uint64_t chunks_passed = 0;   // handed over compressed (LoaderSpec::pass_compressed)
+  uint64_t chunks_located = 0;  // of those, located in a local file, not read
   uint64_t cache_hits = 0;
   uint64_t cache_bytes = 0;  // held now
   uint64_t batches = 0;
@@ -277,7 +282,15 @@ class Loader {
   struct Source;  // one (variable, level) channel source
   struct Piece;   // one plane of one array to place into the batch
   void read_direct(std::span<const Piece> pieces, BatchMemory* memory);
-  void read_cached(std::span<const Piece> pieces);
+  // `batch`: the epoch's batch being assembled (none for assemble()); pieces of chunks needed
+  // here only as a neighbor are left to read_direct, in `alone`.
+  void read_cached(std::span<const Piece> pieces, std::optional<uint64_t> batch,
+                   std::vector<Piece>& alone);
+  void assemble_batch(uint64_t epoch, std::optional<uint64_t> batch,
+                      std::span<const uint64_t> times, void* inputs, void* targets,
+                      BatchMemory* memory);
+  // Sets own_batches_ for an epoch's order (this rank's sample indices).
+  void plan_own_batches(std::span<const uint64_t> indices);
   void start_producer();
   void stop_producer();
   void produce(uint64_t epoch, uint64_t first_batch);
@@ -297,6 +310,10 @@ class Loader {
   uint64_t full_lat_ = 0, full_lon_ = 0;
   bool labels_ = false;
   ChunkCache cache_{0};
+  // With the chunk-aware order, per time step: the first and last batch of the epoch whose samples
+  // have it as their (latest input) time; {max, 0} where none has. Empty otherwise.
+  std::vector<std::pair<uint64_t, uint64_t>> own_batches_;
+  uint64_t horizon_batches_ = 1;  // about how many batches a decoded chunk stays in the cache
   // Decoded-chunk buffers no longer in use, reused for the next chunks: fresh memory costs a page
   // fault per 4 KiB, as much as decoding it. At most one batch's worth of chunks is kept.
   std::vector<std::shared_ptr<Bytes>> spare_chunks_;

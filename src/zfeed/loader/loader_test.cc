@@ -395,6 +395,33 @@ TEST(Loader, ChunksOfSeveralStepsAreDecodedOncePerEpochAndEqualDirectReads) {
   while (auto batch = random.next()) check_batch(store, random, *batch);
 }
 
+// With a cache smaller than the dataset, a chunk needed as a neighbor (the target step after a
+// chunk's last sample) long before or after its own samples is read plane by plane and not
+// cached, so that every chunk is decoded whole once in the epoch; batches stay exact.
+TEST(Loader, ChunksNeededOnlyAsNeighborsAreReadAloneAndDecodedWholeOnce) {
+  auto store = make_store(/*time_chunk=*/2);
+  auto spec = base_spec(store);
+  spec.drop_last = false;
+  {
+    Loader everything_fits(spec);
+    while (auto batch = everything_fits.next()) check_batch(store, everything_fits, *batch);
+    EXPECT_EQ(everything_fits.stats().planes_read_alone, 0u);
+    spec.cache_bytes = everything_fits.cache_budget() / 2;  // 3 of the 6 time chunks
+  }
+  uint64_t read_alone = 0;
+  for (uint64_t epoch : {0, 1, 2}) {
+    SCOPED_TRACE("epoch " + std::to_string(epoch));
+    spec.epoch = epoch;
+    Loader loader(spec);
+    while (auto batch = loader.next()) check_batch(store, loader, *batch);
+    // 6 time chunks of t2m and q, and of z's levels 0 and 2 (one chunk per level), once each
+    // (read_cached without reads alone decoded 25 to 27 here).
+    EXPECT_EQ(loader.stats().chunks_decoded, 6u * 4);
+    read_alone += loader.stats().planes_read_alone;
+  }
+  EXPECT_GT(read_alone, 0u);
+}
+
 TEST(Loader, LevelChunksGoThroughTheCacheWithoutTimeChunks) {
   auto store = make_store(/*time_chunk=*/1, /*level_chunk=*/3);
   auto spec = base_spec(store);

@@ -124,6 +124,20 @@ struct Region {
   std::vector<uint64_t> start, step, count;
 };
 
+// One past the C-order index of the region's last element in a chunk of `shape` (0 if empty).
+uint64_t region_end_offset(std::span<const uint64_t> shape, const Region& region) {
+  uint64_t last = 0;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (region.count[d] == 0) return 0;
+    last = last * shape[d] + region.start[d] + (region.count[d] - 1) * region.step[d];
+  }
+  return last + 1;
+}
+
+// Above this many bytes of a chunk, decoding all of it in one call is as cheap as streaming
+// only the start.
+uint64_t worth_decoding_in_full(uint64_t chunk_bytes) { return chunk_bytes / 8 * 7; }
+
 void read_region(const CodecChain& chain, const Source& source, const Region& region, uint8_t* out,
                  std::span<const uint64_t> out_shape, std::span<const uint64_t> out_start) {
   const ChunkSpec& spec = chain.spec();
@@ -199,8 +213,14 @@ void read_region(const CodecChain& chain, const Source& source, const Region& re
       chain.decode(encoded.bytes(), direct_out);
       return;
     }
+    // A region that ends early in the chunk (a few time steps of a chunk of many) needs only
+    // the start of the decoded chunk: decode no further than that where the chain can stop.
     ScratchBuffer decoded(spec.num_bytes());
-    chain.decode(encoded.bytes(), decoded.data());
+    const uint64_t needed = region_end_offset(spec.shape, region) * item;
+    if (needed > worth_decoding_in_full(spec.num_bytes()) ||
+        !chain.decode_prefix(encoded.bytes(), decoded.data(), needed)) {
+      chain.decode(encoded.bytes(), decoded.data());
+    }
     copy_box(decoded.data(), BoxRef{spec.shape, region.start, region.step}, out, out_box,
              region.count, item);
   } catch (...) {

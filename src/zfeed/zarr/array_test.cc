@@ -405,6 +405,38 @@ TEST(Array, ShardedPartialReadFetchesIndexAndOneInnerChunk) {
   EXPECT_EQ(read_all<float>(opened, strided), model.read(strided));
 }
 
+// A read of the first time steps of a chunk of many decodes only the start of its zstd stream:
+// shown by cutting the stored chunk after its first third, which those reads never reach. The
+// last steps then fail with the key; a region reaching past 7/8 of the chunk decodes it whole.
+TEST(Array, EarlyStepsOfAChunkDecodeOnlyTheStartOfItsStream) {
+  auto store = make_memory_store();
+  const std::string codecs = std::string("[") + kLittle + R"(, {"name": "zstd"}])";
+  Array array = Array::create(store, "t", v3_meta("float32", {8, 256, 256}, {8, 256, 256}, codecs));
+  std::vector<float> values(8 * 256 * 256);
+  for (size_t i = 0; i < values.size(); ++i) {
+    values[i] = 280.0f + 10.0f * std::sin(0.001f * static_cast<float>(i % 65536)) +
+                static_cast<float>(i / 65536);
+  }
+  array.write(array.full_selection(), values.data());
+  Bytes stored = *store->get("t/c/0/0/0");
+  stored.resize(stored.size() / 3);
+  store->set("t/c/0/0/0", stored);
+  const size_t plane = 256 * 256;
+  std::vector<float> step(plane);
+  array.read({{0, 1, 1}, {0, 256, 1}, {0, 256, 1}}, step.data());
+  EXPECT_TRUE(std::equal(step.begin(), step.end(), values.begin()));
+  std::vector<float> rows(2 * 256);  // rows 10 and 11 of step 1: a strided, cropped region
+  array.read({{1, 2, 1}, {10, 12, 1}, {0, 256, 1}}, rows.data());
+  EXPECT_TRUE(std::equal(rows.begin(), rows.end(), values.begin() + plane + 10 * 256));
+  EXPECT_CONTAINS(error_of([&] {
+                    array.read({{6, 7, 1}, {0, 256, 1}, {0, 256, 1}}, step.data());
+                  }),
+                  "t/c/0/0/0");
+  // The whole chunk is decoded as a whole.
+  EXPECT_CONTAINS(error_of([&] { array.read(array.full_selection(), values.data()); }),
+                  "t/c/0/0/0");
+}
+
 TEST(Array, NestedShardsPartialAndWhole) {
   auto store = make_memory_store();
   const std::string codecs =
