@@ -65,6 +65,21 @@ def test_limit_units_per_use_and_once_per_epoch():
     assert once == ["a 0 0 0", "a 1 0 0", "a 0 0 0"]  # epoch 0: chunks 0, 1; epoch 1: chunk 0 again
 
 
+def test_limit_subsets_stay_within_the_budget_and_once_per_epoch_reaches_further():
+    from zfeed.bench import chunk_uses, limit_subset
+
+    # Batches of 4 samples walking through 10-step chunks: per use, each sample decodes 1 or 2
+    # chunks; once per epoch, a chunk is decoded by the first batch that needs it only.
+    batches = [(0, list(range(4 * b, 4 * b + 4))) for b in range(10)]
+    budget = 12  # decodes, at 1 byte each
+    per_use = limit_subset(batches, ["a"], 10, 1, budget)
+    assert len(chunk_uses(per_use, ["a"], 1, 10, False)) <= budget
+    assert per_use == batches[:2]  # 4 + 4 decodes; the third batch (t=9 needs chunk 1 too) makes 13
+    once = limit_subset(batches, ["a"], 10, 1, budget, once_per_epoch=True)
+    assert once == batches  # chunks 0..4: 5 decodes for every batch
+    assert limit_subset(batches, ["a"], 10, 100, 1) == batches[:1]  # at least one batch
+
+
 @pytest.fixture(scope="module")
 def small_store(tmp_path_factory):
     path = tmp_path_factory.mktemp("baseline") / "era5.zarr"

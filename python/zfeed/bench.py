@@ -426,16 +426,18 @@ def chunk_uses(batches: list, variables: list[str], lead: int, time_chunk: int, 
     return lines
 
 
-def limit_subset(batches: list, variables: list[str], time_chunk: int, chunk_bytes: int, budget: int) -> list:
-    """The first of the measured batches (at least one) whose chunk decodes, once per use, stay
-    within `budget` bytes: the limit is a rate, and a part of the same samples measures it."""
-    subset, total = [], 0
+def limit_subset(batches: list, variables: list[str], time_chunk: int, chunk_bytes: int, budget: int,
+                 once_per_epoch: bool = False) -> list:
+    """The first of the measured batches (at least one) whose chunk decodes (once per use, or once
+    per epoch) stay within `budget` bytes: the limit is a rate, and a part of the same samples
+    measures it. Once per epoch, a longer part is needed: the chunks a few batches share (a
+    window's, and its neighbors') are then shared over as many samples as in the measured run."""
+    subset = []
     for epoch, times in batches:
-        uses = len(chunk_uses([(epoch, times)], variables, 1, time_chunk, False))
-        if subset and total + uses * chunk_bytes > budget:
+        decodes = len(chunk_uses(subset + [(epoch, times)], variables, 1, time_chunk, once_per_epoch))
+        if subset and decodes * chunk_bytes > budget:
             break
         subset.append((epoch, times))
-        total += uses * chunk_bytes
     return subset
 
 
@@ -738,9 +740,11 @@ class Measurement:
         per_use.update(counts)
         if time_chunk == 1 or "error" in per_use:
             return per_use, None
+        subset = limit_subset(sample_batches, self.variables, time_chunk, chunk_bytes, LIMIT_DECODE_BYTES,
+                              once_per_epoch=True)
         cached = run_limit(self.binary, path, chunk_uses(subset, self.variables, 1, time_chunk, True),
                            self.args.limit_reps)
-        cached.update(counts)
+        cached.update({"samples": sum(len(t) for _, t in subset), "batches": len(subset)})
         return per_use, cached
 
 
