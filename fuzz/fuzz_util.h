@@ -81,7 +81,9 @@ inline BytesCodecUnderTest make_bytes_codec(const Json& codec_json, uint64_t chu
 //  2. where it succeeds, decode_into an exact-size buffer must give the same bytes, and
 //     decode_into a buffer one byte short must be an error;
 //  3. where it succeeds, encode then decode must give the bytes back;
-//  4. the whole chain decodes the input into a fixed-size chunk (the path reads take).
+//  4. the whole chain decodes the input into a fixed-size chunk (the path reads take);
+//  5. decode_prefix (where the codec can stop early) gives the first bytes of what decode gives,
+//     fails for more than decode gives, and never writes past its buffer on any input.
 inline void fuzz_bytes_codec(const BytesCodecUnderTest& under_test, const uint8_t* data, size_t size) {
   const BytesToBytesCodec& codec = *under_test.codec;
   const std::string name = codec.name();
@@ -113,6 +115,25 @@ inline void fuzz_bytes_codec(const BytesCodecUnderTest& under_test, const uint8_
   const uint64_t chunk_bytes = under_test.chain.spec().num_bytes();
   Bytes out(chunk_bytes);
   expect_error_or_success([&] { under_test.chain.decode(input, out.data()); });
+
+  for (uint64_t want : {uint64_t{1}, uint64_t{4096}, decoded.size() / 2, decoded.size(),
+                        decoded.size() + 1}) {
+    if (want > kMaxDecodedBytes) continue;
+    Bytes prefix(want);
+    bool supported = false;
+    const bool prefix_ok =
+        expect_error_or_success([&] { supported = codec.decode_prefix(input, prefix.mutable_view()); });
+    if (!ok || !prefix_ok || !supported) {
+      check(!(ok && want <= decoded.size() && !prefix_ok),
+            name + ": decode succeeded but decode_prefix of " + std::to_string(want) + " bytes failed");
+      continue;
+    }
+    check(want <= decoded.size(), name + ": decode_prefix gave " + std::to_string(want) +
+                                      " bytes of a stream that decodes to " +
+                                      std::to_string(decoded.size()));
+    check(same_bytes(prefix.data(), decoded.data(), want),
+          name + ": decode_prefix differs from the start of decode");
+  }
 }
 
 }  // namespace zfeed::fuzz
