@@ -307,12 +307,20 @@ void CodecChain::decode(ByteView encoded, uint8_t* out) const {
   }
 }
 
-bool CodecChain::decode_prefix(ByteView encoded, uint8_t* out, uint64_t size) const {
+bool CodecChain::can_decode_prefix() const {
   if (!array_to_bytes_ || !array_to_array_.empty() ||
-      !array_to_bytes_->is_native_layout(array_to_bytes_spec_) ||
-      size > array_to_bytes_spec_.num_bytes()) {
+      !array_to_bytes_->is_native_layout(array_to_bytes_spec_)) {
     return false;
   }
+  for (size_t i = 1; i < bytes_to_bytes_.size(); ++i) {
+    if (!bytes_to_bytes_[i]->only_checks()) return false;
+  }
+  return bytes_to_bytes_.empty() || bytes_to_bytes_[0]->only_checks() ||
+         bytes_to_bytes_[0]->can_decode_prefix();
+}
+
+bool CodecChain::decode_prefix(ByteView encoded, uint8_t* out, uint64_t size) const {
+  if (!can_decode_prefix() || size > array_to_bytes_spec_.num_bytes()) return false;
   // Only checking codecs (crc32c) outside the one compressor, which must stop early.
   ByteView current = encoded;
   for (size_t i = bytes_to_bytes_.size(); i-- > 0;) {

@@ -82,6 +82,9 @@ class BytesToBytesCodec : public Codec {
   // checked), for reads that need only the start of a chunk. False where the codec cannot stop
   // early; an error where the stream ends before out.size() bytes.
   virtual bool decode_prefix(ByteView, MutableByteView) const { return false; }
+  virtual bool can_decode_prefix() const { return false; }
+  // True for codecs that only check or strip (decode_view always answers, or throws).
+  virtual bool only_checks() const { return false; }
   virtual std::optional<uint64_t> encoded_size(uint64_t) const { return std::nullopt; }
   // An upper bound on the encoded size, used to bound intermediate decodes.
   virtual uint64_t max_encoded_size(uint64_t decoded_size) const = 0;
@@ -142,6 +145,8 @@ class CodecChain {
   // more of the stream than that needs. False (nothing written) where the chain cannot: a
   // transpose, a non-native bytes codec, or a compressor that cannot stop early (only zstd can).
   bool decode_prefix(ByteView encoded, uint8_t* out, uint64_t size) const;
+  // Whether decode_prefix can (true also for uncompressed chains).
+  bool can_decode_prefix() const;
 
   // True if the stored bytes are exactly the chunk in memory (a single native bytes codec).
   bool is_identity() const;

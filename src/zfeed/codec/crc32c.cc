@@ -46,17 +46,19 @@ class Crc32cCodec final : public BytesToBytesCodec {
     return out;
   }
 
+  bool only_checks() const override { return true; }
   std::optional<ByteView> decode_view(ByteView encoded) const override {
     if (encoded.size() < 4) {
-      throw Error("crc32c: " + std::to_string(encoded.size()) + " bytes is too short to hold a checksum");
+      throw Error("crc32c: " + std::to_string(encoded.size()) +
+                  " bytes is too short to hold a checksum");
     }
     ByteView payload = encoded.first(encoded.size() - 4);
     uint32_t stored;
     std::memcpy(&stored, encoded.data() + payload.size(), 4);
     uint32_t computed = crc32c(payload);
     if (stored != computed) {
-      throw Error("crc32c checksum mismatch: stored " + hex32(stored) + ", computed " + hex32(computed) +
-                  " over " + std::to_string(payload.size()) + " bytes");
+      throw Error("crc32c checksum mismatch: stored " + hex32(stored) + ", computed " +
+                  hex32(computed) + " over " + std::to_string(payload.size()) + " bytes");
     }
     return payload;
   }

@@ -145,6 +145,7 @@ class ZstdCodec final : public BytesToBytesCodec {
     }
   }
 
+  bool can_decode_prefix() const override { return true; }
   // Streams only until `out` is full: decoding stops there, mid-block, mid-frame.
   bool decode_prefix(ByteView encoded, MutableByteView out) const override {
     // Only the first frame's header is checked: the rest of the stream may never be reached.

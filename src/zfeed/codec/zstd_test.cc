@@ -242,7 +242,15 @@ TEST(ZstdCodec, ChainsThatCannotStopEarlySayNo) {
             "configuration": {"level": 1}}])"}) {
     SCOPED_TRACE(codecs);
     const CodecChain chain = make_chain(codecs, spec);
+    EXPECT_FALSE(chain.can_decode_prefix());
     EXPECT_FALSE(chain.decode_prefix(chain.encode(values.data()), out.data(), 16));
+  }
+  for (const char* codecs :
+       {R"([{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "zstd"}])",
+        R"([{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "zstd"},
+            {"name": "crc32c"}])",
+        R"([{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}])"}) {
+    EXPECT_TRUE(make_chain(codecs, spec).can_decode_prefix()) << codecs;
   }
   // Uncompressed: the prefix is the stored bytes themselves.
   const CodecChain raw =

@@ -651,12 +651,14 @@ Loader::Loader(LoaderSpec spec) : spec_(std::move(spec)), shared_(std::make_shar
   uint64_t time_chunk = 1, chunk_row_bytes = 0;
   read_chunks_.resize(arrays_.size());
   cached_.resize(arrays_.size());
+  prefix_readable_.resize(arrays_.size());
   for (size_t a = 0; a < arrays_.size(); ++a) {
     const auto& meta = arrays_[a].metadata();
     read_chunks_[a] = arrays_[a].read_chunk_shape();
     const auto& chunk = read_chunks_[a];
     const uint64_t planes = chunk[0] * (meta.rank() == 4 ? chunk[1] : 1);
     cached_[a] = planes > 1;
+    prefix_readable_[a] = arrays_[a].read_codecs().can_decode_prefix();
     time_chunk = std::max(time_chunk, chunk[0]);
     // One time chunk of the array (all of its chunks along the other dims).
     uint64_t row = chunk[0] * meta.dtype.size();
@@ -985,14 +987,45 @@ void Loader::read_cached(std::span<const Piece> all_pieces, std::optional<uint64
     const bool own_soon = first <= *batch || first - *batch <= horizon_batches_;
     return first == UINT64_MAX || !own_soon || *batch > last;
   };
+  // The plane a piece reads within its chunk, in the chunk's C order (time, then level).
+  auto plane_in_chunk = [&](const Piece& piece) {
+    const auto& chunk = read_chunks_[piece.array];
+    uint64_t plane = piece.time % chunk[0];
+    if (chunk.size() == 4) plane = plane * chunk[1] + piece.level.value_or(0) % chunk[1];
+    return plane;
+  };
+  // Reading alone decodes the start of the chunk up to each piece's plane, once per piece: it is
+  // chosen only where the codecs can stop early and those starts add up to less than the chunk
+  // (a target step or two past a chunk's end, not a history reaching back into the previous one).
+  std::vector<bool> candidate(all_pieces.size());
+  std::unordered_map<ChunkKey, uint64_t, ChunkKeyHash> alone_planes;  // planes decoded per chunk
+  for (size_t p = 0; p < all_pieces.size(); ++p) {
+    const Piece& piece = all_pieces[p];
+    bool ok = prefix_readable_[piece.array] && needed_only_as_neighbor(piece);
+    const auto [ys, xs] = spans(piece);
+    for (uint64_t y = ys.first; ok && y <= ys.last; ++y) {
+      for (uint64_t x = xs.first; ok && x <= xs.last; ++x)
+        ok = !cache_.contains(key_of(piece, y, x));
+    }
+    candidate[p] = ok;
+    if (!ok) continue;
+    for (uint64_t y = ys.first; y <= ys.last; ++y) {
+      for (uint64_t x = xs.first; x <= xs.last; ++x) {
+        alone_planes[key_of(piece, y, x)] += plane_in_chunk(piece) + 1;
+      }
+    }
+  }
   std::vector<Piece> kept;
   kept.reserve(all_pieces.size());
-  for (const Piece& piece : all_pieces) {
-    bool read_alone = needed_only_as_neighbor(piece);
+  for (size_t p = 0; p < all_pieces.size(); ++p) {
+    const Piece& piece = all_pieces[p];
+    bool read_alone = candidate[p];
+    const auto& chunk = read_chunks_[piece.array];
+    const uint64_t planes = chunk[0] * (chunk.size() == 4 ? chunk[1] : 1);
     const auto [ys, xs] = spans(piece);
     for (uint64_t y = ys.first; read_alone && y <= ys.last; ++y) {
       for (uint64_t x = xs.first; read_alone && x <= xs.last; ++x) {
-        read_alone = !cache_.contains(key_of(piece, y, x));
+        read_alone = alone_planes[key_of(piece, y, x)] * 8 <= planes * 7;
       }
     }
     (read_alone ? alone : kept).push_back(piece);

@@ -422,6 +422,26 @@ TEST(Loader, ChunksNeededOnlyAsNeighborsAreReadAloneAndDecodedWholeOnce) {
   EXPECT_GT(read_alone, 0u);
 }
 
+// History reaching back into the previous chunk needs that chunk's last steps: decoding its start
+// up to them, once per piece, would cost more than the whole chunk, so those go through the cache.
+TEST(Loader, HistoryReachingIntoThePreviousChunkIsNotReadAlone) {
+  auto store = make_store(/*time_chunk=*/4);
+  auto spec = base_spec(store);
+  spec.history = 3;
+  spec.lead = 0;
+  spec.drop_last = false;
+  {
+    Loader sizing(spec);
+    spec.cache_bytes = sizing.cache_budget() / 6;  // small: the previous chunk is often gone
+  }
+  for (uint64_t epoch : {0, 1, 2}) {
+    spec.epoch = epoch;
+    Loader loader(spec);
+    while (auto batch = loader.next()) check_batch(store, loader, *batch);
+    EXPECT_EQ(loader.stats().planes_read_alone, 0u) << "epoch " << epoch;
+  }
+}
+
 TEST(Loader, LevelChunksGoThroughTheCacheWithoutTimeChunks) {
   auto store = make_store(/*time_chunk=*/1, /*level_chunk=*/3);
   auto spec = base_spec(store);
