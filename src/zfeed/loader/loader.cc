@@ -658,7 +658,15 @@ Loader::Loader(LoaderSpec spec) : spec_(std::move(spec)), shared_(std::make_shar
     const auto& chunk = read_chunks_[a];
     const uint64_t planes = chunk[0] * (meta.rank() == 4 ? chunk[1] : 1);
     cached_[a] = planes > 1;
-    prefix_readable_[a] = arrays_[a].read_codecs().can_decode_prefix();
+    // Only a compressor that stops early saves work: uncompressed chunks are read whole either
+    // way (only their start is copied).
+    const CodecChain& codecs = arrays_[a].read_codecs();
+    prefix_readable_[a] =
+        codecs.can_decode_prefix() &&
+        std::any_of(codecs.codecs().begin(), codecs.codecs().end(), [](const auto& codec) {
+          const auto* bytes = dynamic_cast<const BytesToBytesCodec*>(codec.get());
+          return bytes && bytes->can_decode_prefix();
+        });
     time_chunk = std::max(time_chunk, chunk[0]);
     // One time chunk of the array (all of its chunks along the other dims).
     uint64_t row = chunk[0] * meta.dtype.size();

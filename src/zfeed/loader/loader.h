@@ -301,7 +301,7 @@ class Loader {
   std::vector<std::vector<uint64_t>> read_chunks_;  // per array: its read chunk shape
   std::vector<Channel> input_channels_, target_channels_;
   std::vector<bool> cached_;           // per array: its read chunks hold several planes
-  std::vector<bool> prefix_readable_;  // per array: its read chunks can be decoded in part
+  std::vector<bool> prefix_readable_;  // per array: decoding part of a read chunk costs less
   std::vector<bool> passable_;         // per array: its chunks may be handed over compressed
   std::atomic<bool> pass_enabled_{false};
   std::vector<bool> local_;  // per array: stored_locally()
