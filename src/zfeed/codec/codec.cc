@@ -319,6 +319,10 @@ bool CodecChain::can_decode_prefix() const {
          bytes_to_bytes_[0]->can_decode_prefix();
 }
 
+bool CodecChain::prefix_saves_work() const {
+  return can_decode_prefix() && !bytes_to_bytes_.empty() && bytes_to_bytes_[0]->can_decode_prefix();
+}
+
 bool CodecChain::decode_prefix(ByteView encoded, uint8_t* out, uint64_t size) const {
   if (!can_decode_prefix() || size > array_to_bytes_spec_.num_bytes()) return false;
   // Only checking codecs (crc32c) outside the one compressor, which must stop early.

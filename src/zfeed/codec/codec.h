@@ -147,6 +147,12 @@ class CodecChain {
   bool decode_prefix(ByteView encoded, uint8_t* out, uint64_t size) const;
   // Whether decode_prefix can (true also for uncompressed chains).
   bool can_decode_prefix() const;
+  // Whether decode_prefix also does less work than decode: a compressor that stops early (an
+  // uncompressed chunk is read whole either way).
+  bool prefix_saves_work() const;
+  // Whether decoding `part` bytes of a chunk of `whole` by decode_prefix is worth it: above 7/8 of
+  // it, decoding all of it in one call costs as little as streaming only the start.
+  static bool prefix_worth_it(uint64_t part, uint64_t whole) { return part * 8 <= whole * 7; }
 
   // True if the stored bytes are exactly the chunk in memory (a single native bytes codec).
   bool is_identity() const;

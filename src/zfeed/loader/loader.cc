@@ -658,15 +658,7 @@ Loader::Loader(LoaderSpec spec) : spec_(std::move(spec)), shared_(std::make_shar
     const auto& chunk = read_chunks_[a];
     const uint64_t planes = chunk[0] * (meta.rank() == 4 ? chunk[1] : 1);
     cached_[a] = planes > 1;
-    // Only a compressor that stops early saves work: uncompressed chunks are read whole either
-    // way (only their start is copied).
-    const CodecChain& codecs = arrays_[a].read_codecs();
-    prefix_readable_[a] =
-        codecs.can_decode_prefix() &&
-        std::any_of(codecs.codecs().begin(), codecs.codecs().end(), [](const auto& codec) {
-          const auto* bytes = dynamic_cast<const BytesToBytesCodec*>(codec.get());
-          return bytes && bytes->can_decode_prefix();
-        });
+    prefix_readable_[a] = arrays_[a].read_codecs().prefix_saves_work();
     time_chunk = std::max(time_chunk, chunk[0]);
     // One time chunk of the array (all of its chunks along the other dims).
     uint64_t row = chunk[0] * meta.dtype.size();
@@ -1033,7 +1025,7 @@ void Loader::read_cached(std::span<const Piece> all_pieces, std::optional<uint64
     const auto [ys, xs] = spans(piece);
     for (uint64_t y = ys.first; read_alone && y <= ys.last; ++y) {
       for (uint64_t x = xs.first; read_alone && x <= xs.last; ++x) {
-        read_alone = alone_planes[key_of(piece, y, x)] * 8 <= planes * 7;
+        read_alone = CodecChain::prefix_worth_it(alone_planes[key_of(piece, y, x)], planes);
       }
     }
     (read_alone ? alone : kept).push_back(piece);

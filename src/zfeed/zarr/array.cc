@@ -134,10 +134,6 @@ uint64_t region_end_offset(std::span<const uint64_t> shape, const Region& region
   return last + 1;
 }
 
-// Above this many bytes of a chunk, decoding all of it in one call is as cheap as streaming
-// only the start.
-uint64_t worth_decoding_in_full(uint64_t chunk_bytes) { return chunk_bytes / 8 * 7; }
-
 void read_region(const CodecChain& chain, const Source& source, const Region& region, uint8_t* out,
                  std::span<const uint64_t> out_shape, std::span<const uint64_t> out_start) {
   const ChunkSpec& spec = chain.spec();
@@ -217,7 +213,7 @@ void read_region(const CodecChain& chain, const Source& source, const Region& re
     // the start of the decoded chunk: decode no further than that where the chain can stop.
     ScratchBuffer decoded(spec.num_bytes());
     const uint64_t needed = region_end_offset(spec.shape, region) * item;
-    if (needed > worth_decoding_in_full(spec.num_bytes()) ||
+    if (!CodecChain::prefix_worth_it(needed, spec.num_bytes()) ||
         !chain.decode_prefix(encoded.bytes(), decoded.data(), needed)) {
       chain.decode(encoded.bytes(), decoded.data());
     }
