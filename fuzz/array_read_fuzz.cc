@@ -26,12 +26,14 @@ struct ArrayCase {
 // Keep in step with ARRAYS in fuzz/make_corpus.py. Every array is 2-D and its first chunk is
 // read (shapes are larger than one chunk so the partial selection crosses chunk edges).
 const ArrayCase kCases[] = {
-    {"zarr.json", R"({"zarr_format": 3, "node_type": "array", "shape": [6, 10], "data_type": "uint16",
+    {"zarr.json",
+     R"({"zarr_format": 3, "node_type": "array", "shape": [6, 10], "data_type": "uint16",
       "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [6, 8]}},
       "chunk_key_encoding": {"name": "default"}, "fill_value": 7,
       "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "zstd", "configuration": {"level": 1}}]})",
      "c/0/0"},
-    {"zarr.json", R"({"zarr_format": 3, "node_type": "array", "shape": [8, 8], "data_type": "float32",
+    {"zarr.json",
+     R"({"zarr_format": 3, "node_type": "array", "shape": [8, 8], "data_type": "float32",
       "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [8, 8]}},
       "chunk_key_encoding": {"name": "default"}, "fill_value": "NaN",
       "codecs": [{"name": "sharding_indexed", "configuration": {"chunk_shape": [4, 4],
@@ -50,11 +52,13 @@ const ArrayCase kCases[] = {
         "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}}],
         "index_location": "start"}}]})",
      "c/0/0"},
-    {".zarray", R"({"zarr_format": 2, "shape": [5, 9], "chunks": [5, 7], "dtype": ">i4", "order": "F",
+    {".zarray",
+     R"({"zarr_format": 2, "shape": [5, 9], "chunks": [5, 7], "dtype": ">i4", "order": "F",
       "fill_value": 0, "filters": null,
       "compressor": {"id": "blosc", "cname": "lz4", "clevel": 5, "shuffle": 1, "blocksize": 0}})",
      "0.0"},
-    {"zarr.json", R"({"zarr_format": 3, "node_type": "array", "shape": [4, 12], "data_type": "float64",
+    {"zarr.json",
+     R"({"zarr_format": 3, "node_type": "array", "shape": [4, 12], "data_type": "float64",
       "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [4, 6]}},
       "chunk_key_encoding": {"name": "default"}, "fill_value": 0.5,
       "codecs": [{"name": "transpose", "configuration": {"order": [1, 0]}},
@@ -68,6 +72,13 @@ const ArrayCase kCases[] = {
           "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}],
           "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}]}}],
         "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}]}}]})",
+     "c/0/0"},
+    // Uncompressed: a partial selection reads only its bytes of the chunk, by range.
+    {"zarr.json",
+     R"({"zarr_format": 3, "node_type": "array", "shape": [6, 10], "data_type": "uint32",
+      "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [6, 8]}},
+      "chunk_key_encoding": {"name": "default"}, "fill_value": 5,
+      "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}]})",
      "c/0/0"},
 };
 constexpr size_t kNumCases = sizeof(kCases) / sizeof(kCases[0]);

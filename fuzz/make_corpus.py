@@ -240,6 +240,7 @@ ARRAYS = [
         "codecs": [sharding({"chunk_shape": [2, 2], "codecs": [BYTES_LE],
                              "index_codecs": [BYTES_LE, {"name": "crc32c"}]})],
         "index_codecs": [BYTES_LE, {"name": "crc32c"}]})], fill_value=3), "c/0/0"),
+    ("zarr.json", v3_metadata((6, 10), "uint32", [BYTES_LE], chunk_shape=(6, 8), fill_value=5), "c/0/0"),
 ]
 
 

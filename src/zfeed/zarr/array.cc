@@ -95,6 +95,10 @@ struct Source {
         absolute = ByteRange::range(offset, length);
         break;
       case ByteRange::Kind::kRange:
+        if (range.offset > length || range.length > length - range.offset) {
+          throw Error(where() + ": " + range.describe() + " is outside the " +
+                      std::to_string(length) + "-byte inner chunk");
+        }
         absolute = ByteRange::range(offset + range.offset, range.length);
         break;
       case ByteRange::Kind::kSuffix:
@@ -200,6 +204,27 @@ void read_region(const CodecChain& chain, const Source& source, const Region& re
     // Uncompressed and in place: read the file straight into the output.
     if (!source.store.read_into(source.key, {direct_out, static_cast<size_t>(spec.num_bytes())}))
       fill_region();
+    return;
+  }
+  if (chain.is_identity() && !full) {
+    // Uncompressed: fetch only the bytes from the region's first element to its last (one time
+    // step of a chunk of many, a crop of a plane), not the whole chunk. The leading dimensions
+    // the region takes one element of, and its start in the next, fold into the byte offset.
+    size_t outer = 0;
+    while (outer + 1 < rank && region.count[outer] == 1) ++outer;
+    std::vector<uint64_t> first(rank, 0), start_in_part = region.start;
+    for (size_t d = 0; d <= outer; ++d) {
+      first[d] = region.start[d];
+      start_in_part[d] = 0;
+    }
+    const uint64_t begin = element_offset(first, spec.shape);
+    const uint64_t end = region_end_offset(spec.shape, region);
+    if (end <= begin) return;
+    ScratchBuffer part;
+    if (!source.fetch(ByteRange::range(begin * item, (end - begin) * item), part.bytes()))
+      return fill_region();
+    copy_box(part.data(), BoxRef{spec.shape, start_in_part, region.step}, out, out_box,
+             region.count, item);
     return;
   }
   ScratchBuffer encoded;

@@ -7,6 +7,7 @@
 
 #include <bit>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <iostream>
@@ -435,6 +436,81 @@ TEST(Array, EarlyStepsOfAChunkDecodeOnlyTheStartOfItsStream) {
   // The whole chunk is decoded as a whole.
   EXPECT_CONTAINS(error_of([&] { array.read(array.full_selection(), values.data()); }),
                   "t/c/0/0/0");
+}
+
+// A read of part of an uncompressed chunk fetches only the bytes from the part's first element to
+// its last: one time step of a chunk of many, a crop, an inner chunk's part inside a shard.
+TEST(Array, PartialReadsOfUncompressedChunksFetchOnlyTheirBytes) {
+  auto store = std::make_shared<RecordingStore>();
+  const std::vector<uint64_t> shape{8, 16, 32};
+  Array array = Array::create(store, "u", v3_meta("float32", shape, shape));
+  Model<float> model(shape, 0);
+  model.values = ramp<float>(8 * 16 * 32);
+  array.write(array.full_selection(), model.values.data());
+  store->take_reads();
+
+  const uint64_t plane = 16 * 32;
+  const Selection step{{3, 4, 1}, {0, 16, 1}, {0, 32, 1}};
+  EXPECT_EQ(read_all<float>(array, step), model.read(step));
+  auto reads = store->take_reads();
+  ASSERT_EQ(reads.size(), 1u);
+  EXPECT_EQ(reads[0].key, "u/c/0/0/0");
+  EXPECT_EQ(reads[0].range.kind, ByteRange::Kind::kRange);
+  EXPECT_EQ(reads[0].range.offset, 3 * plane * 4);
+  EXPECT_EQ(reads[0].range.length, plane * 4);
+
+  const Selection crop{{5, 6, 1}, {4, 6, 1}, {10, 20, 1}};  // rows 4..5, columns 10..19
+  EXPECT_EQ(read_all<float>(array, crop), model.read(crop));
+  reads = store->take_reads();
+  ASSERT_EQ(reads.size(), 1u);
+  EXPECT_EQ(reads[0].range.offset, (5 * plane + 4 * 32) * 4);
+  EXPECT_EQ(reads[0].range.length, (32 + 20) * 4u);
+
+  for (const Selection& selection :
+       {Selection{{1, 8, 3}, {2, 3, 1}, {0, 32, 5}}, Selection{{7, 8, 1}, {15, 16, 1}, {31, 32, 1}},
+        Selection{{0, 8, 2}, {0, 16, 1}, {0, 32, 1}}}) {
+    EXPECT_EQ(read_all<float>(array, selection), model.read(selection));
+  }
+  // The whole chunk is still one whole read.
+  EXPECT_EQ(read_all<float>(array, array.full_selection()), model.values);
+  reads = store->take_reads();
+  ASSERT_FALSE(reads.empty());
+  EXPECT_EQ(reads.back().range.kind, ByteRange::Kind::kAll);
+
+  // Inside a shard: the part of the inner chunk, by range, after the index.
+  const std::string sharded = R"([{"name": "sharding_indexed", "configuration": {
+      "chunk_shape": [4, 16, 32], "codecs": [)" +
+                              std::string(kLittle) + "]}}]";
+  Array shards = Array::create(store, "s", v3_meta("float32", shape, shape, sharded));
+  shards.write(shards.full_selection(), model.values.data());
+  store->take_reads();
+  const Selection late{{6, 7, 1}, {0, 16, 1}, {0, 32, 1}};
+  EXPECT_EQ(read_all<float>(shards, late), model.read(late));
+  reads = store->take_reads();
+  ASSERT_EQ(reads.size(), 2u);  // the index, then the step
+  EXPECT_EQ(reads[1].range.kind, ByteRange::Kind::kRange);
+  EXPECT_EQ(reads[1].range.length, plane * 4);
+  // An index that gives the second inner chunk half its size: its late steps fail, naming the
+  // shard, and are never read from the bytes after it (the index).
+  Bytes shard = *store->get("s/c/0/0/0", ByteRange::all());
+  const size_t index_at = shard.size() - (2 * 16 + 4);
+  uint64_t nbytes = 2 * plane * 4;
+  std::memcpy(shard.data() + index_at + 16 + 8, &nbytes, 8);
+  const uint32_t checksum = crc32c(ByteView{shard.data() + index_at, 2 * 16});
+  std::memcpy(shard.data() + index_at + 2 * 16, &checksum, 4);
+  store->set("s/c/0/0/0", shard);
+  const Selection early{{4, 5, 1}, {0, 16, 1}, {0, 32, 1}};
+  EXPECT_EQ(read_all<float>(shards, early), model.read(early));
+  EXPECT_CONTAINS(error_of([&] { read_all<float>(shards, late); }), "s/c/0/0/0");
+  EXPECT_CONTAINS(error_of([&] { read_all<float>(shards, late); }), "inner chunk");
+
+  // A chunk cut short: the steps it still holds read; one past its end fails naming the key.
+  Bytes stored = *store->get("u/c/0/0/0", ByteRange::all());
+  stored.resize(stored.size() / 2);
+  store->set("u/c/0/0/0", stored);
+  EXPECT_EQ(read_all<float>(array, step), model.read(step));
+  EXPECT_CONTAINS(error_of([&] { read_all<float>(array, late); }), "u/c/0/0/0");
+  EXPECT_CONTAINS(error_of([&] { read_all<float>(array, late); }), "outside");
 }
 
 TEST(Array, NestedShardsPartialAndWhole) {
