@@ -651,14 +651,17 @@ Loader::Loader(LoaderSpec spec) : spec_(std::move(spec)), shared_(std::make_shar
   uint64_t time_chunk = 1, chunk_row_bytes = 0;
   read_chunks_.resize(arrays_.size());
   cached_.resize(arrays_.size());
-  prefix_readable_.resize(arrays_.size());
+  partial_read_.resize(arrays_.size());
   for (size_t a = 0; a < arrays_.size(); ++a) {
     const auto& meta = arrays_[a].metadata();
     read_chunks_[a] = arrays_[a].read_chunk_shape();
     const auto& chunk = read_chunks_[a];
     const uint64_t planes = chunk[0] * (meta.rank() == 4 ? chunk[1] : 1);
     cached_[a] = planes > 1;
-    prefix_readable_[a] = arrays_[a].read_codecs().prefix_saves_work();
+    const CodecChain& codecs = arrays_[a].read_codecs();
+    partial_read_[a] = codecs.is_identity()         ? PartialRead::kRange
+                       : codecs.prefix_saves_work() ? PartialRead::kPrefix
+                                                    : PartialRead::kWhole;
     time_chunk = std::max(time_chunk, chunk[0]);
     // One time chunk of the array (all of its chunks along the other dims).
     uint64_t row = chunk[0] * meta.dtype.size();
@@ -987,21 +990,23 @@ void Loader::read_cached(std::span<const Piece> all_pieces, std::optional<uint64
     const bool own_soon = first <= *batch || first - *batch <= horizon_batches_;
     return first == UINT64_MAX || !own_soon || *batch > last;
   };
-  // The plane a piece reads within its chunk, in the chunk's C order (time, then level).
-  auto plane_in_chunk = [&](const Piece& piece) {
+  // The planes a piece read alone costs: its own where read by byte range; with a compressor that
+  // stops early, the chunk's start up to it, in the chunk's C order (time, then level).
+  auto planes_to_read = [&](const Piece& piece) -> uint64_t {
+    if (partial_read_[piece.array] == PartialRead::kRange) return 1;
     const auto& chunk = read_chunks_[piece.array];
     uint64_t plane = piece.time % chunk[0];
     if (chunk.size() == 4) plane = plane * chunk[1] + piece.level.value_or(0) % chunk[1];
-    return plane;
+    return plane + 1;
   };
-  // Reading alone decodes the start of the chunk up to each piece's plane, once per piece: it is
-  // chosen only where the codecs can stop early and those starts add up to less than the chunk
-  // (a target step or two past a chunk's end, not a history reaching back into the previous one).
+  // Reading alone costs planes_to_read once per piece: it is chosen only where that is less than
+  // the whole chunk and those costs add up to less than the chunk (with a compressor, a target step
+  // or two past a chunk's end, not a history reaching back into the previous one).
   std::vector<bool> candidate(all_pieces.size());
-  std::unordered_map<ChunkKey, uint64_t, ChunkKeyHash> alone_planes;  // planes decoded per chunk
+  std::unordered_map<ChunkKey, uint64_t, ChunkKeyHash> alone_planes;  // planes read per chunk
   for (size_t p = 0; p < all_pieces.size(); ++p) {
     const Piece& piece = all_pieces[p];
-    bool ok = prefix_readable_[piece.array] && needed_only_as_neighbor(piece);
+    bool ok = partial_read_[piece.array] != PartialRead::kWhole && needed_only_as_neighbor(piece);
     const auto [ys, xs] = spans(piece);
     for (uint64_t y = ys.first; ok && y <= ys.last; ++y) {
       for (uint64_t x = xs.first; ok && x <= xs.last; ++x)
@@ -1011,7 +1016,7 @@ void Loader::read_cached(std::span<const Piece> all_pieces, std::optional<uint64
     if (!ok) continue;
     for (uint64_t y = ys.first; y <= ys.last; ++y) {
       for (uint64_t x = xs.first; x <= xs.last; ++x) {
-        alone_planes[key_of(piece, y, x)] += plane_in_chunk(piece) + 1;
+        alone_planes[key_of(piece, y, x)] += planes_to_read(piece);
       }
     }
   }

@@ -300,9 +300,13 @@ class Loader {
   std::vector<Source> input_sources_, target_sources_;
   std::vector<std::vector<uint64_t>> read_chunks_;  // per array: its read chunk shape
   std::vector<Channel> input_channels_, target_channels_;
-  std::vector<bool> cached_;           // per array: its read chunks hold several planes
-  std::vector<bool> prefix_readable_;  // per array: decoding part of a read chunk costs less
-  std::vector<bool> passable_;         // per array: its chunks may be handed over compressed
+  std::vector<bool> cached_;  // per array: its read chunks hold several planes
+  // What reading one plane of a read chunk alone costs, per array: nothing less than the whole
+  // chunk (kWhole), decoding the chunk's start up to the plane (kPrefix: a compressor that stops
+  // early), or the plane's bytes alone (kRange: uncompressed, read by byte range).
+  enum class PartialRead { kWhole, kPrefix, kRange };
+  std::vector<PartialRead> partial_read_;
+  std::vector<bool> passable_;  // per array: its chunks may be handed over compressed
   std::atomic<bool> pass_enabled_{false};
   std::vector<bool> local_;  // per array: stored_locally()
   std::atomic<bool> locate_enabled_{false};

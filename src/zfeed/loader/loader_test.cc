@@ -412,30 +412,29 @@ TEST(Loader, ChunksNeededOnlyAsNeighborsAreReadAloneAndDecodedWholeOnce) {
     EXPECT_EQ(everything_fits.stats().planes_read_alone, 0u);
     spec.cache_bytes = everything_fits.cache_budget() / 2;  // 3 of the 6 time chunks
   }
-  uint64_t read_alone = 0;
-  for (uint64_t epoch : {0, 1, 2}) {
-    SCOPED_TRACE("epoch " + std::to_string(epoch));
-    spec.epoch = epoch;
-    Loader loader(spec);
-    while (auto batch = loader.next()) check_batch(store, loader, *batch);
-    // 6 time chunks of t2m and q, and of z's levels 0 and 2 (one chunk per level), once each
-    // (read_cached without reads alone decoded 25 to 27 here).
-    EXPECT_EQ(loader.stats().chunks_decoded, 6u * 4);
-    read_alone += loader.stats().planes_read_alone;
+  // Compressed, a plane alone decodes the start of its chunk; uncompressed, it is read by range.
+  for (const auto* codecs : {&kZstdCodecs, &kUncompressed}) {
+    SCOPED_TRACE(codecs == &kUncompressed ? "uncompressed" : "zstd");
+    spec.store = codecs == &kUncompressed ? make_store(/*time_chunk=*/2, 1, kUncompressed) : store;
+    uint64_t read_alone = 0;
+    for (uint64_t epoch : {0, 1, 2}) {
+      SCOPED_TRACE("epoch " + std::to_string(epoch));
+      spec.epoch = epoch;
+      Loader loader(spec);
+      while (auto batch = loader.next()) check_batch(spec.store, loader, *batch);
+      // 6 time chunks of t2m and q, and of z's levels 0 and 2 (one chunk per level), once each
+      // (read_cached without reads alone decoded 25 to 27 here).
+      EXPECT_EQ(loader.stats().chunks_decoded, 6u * 4);
+      read_alone += loader.stats().planes_read_alone;
+    }
+    EXPECT_GT(read_alone, 0u);
   }
-  EXPECT_GT(read_alone, 0u);
-
-  // Uncompressed chunks are read whole either way: they go through the cache as before.
-  auto raw = make_store(/*time_chunk=*/2, 1, kUncompressed);
-  spec.store = raw;
-  Loader uncompressed(spec);
-  while (auto batch = uncompressed.next()) check_batch(raw, uncompressed, *batch);
-  EXPECT_EQ(uncompressed.stats().planes_read_alone, 0u);
 }
 
 // History reaching back into the previous chunk needs that chunk's last steps: decoding its start
-// up to them, once per piece, would cost more than the whole chunk, so those go through the cache.
-TEST(Loader, HistoryReachingIntoThePreviousChunkIsNotReadAlone) {
+// up to them, once per piece, would cost more than the whole chunk, so those go through the cache;
+// uncompressed, each is read alone by byte range.
+TEST(Loader, HistoryIntoThePreviousChunkIsReadAloneOnlyWhereUncompressed) {
   auto store = make_store(/*time_chunk=*/4);
   auto spec = base_spec(store);
   spec.history = 3;
@@ -451,6 +450,17 @@ TEST(Loader, HistoryReachingIntoThePreviousChunkIsNotReadAlone) {
     while (auto batch = loader.next()) check_batch(store, loader, *batch);
     EXPECT_EQ(loader.stats().planes_read_alone, 0u) << "epoch " << epoch;
   }
+  // Uncompressed, each of those steps is read by range, costing one plane, not the chunk's start.
+  auto raw = make_store(/*time_chunk=*/4, 1, kUncompressed);
+  spec.store = raw;
+  uint64_t read_alone = 0;
+  for (uint64_t epoch : {0, 1, 2}) {
+    spec.epoch = epoch;
+    Loader loader(spec);
+    while (auto batch = loader.next()) check_batch(raw, loader, *batch);
+    read_alone += loader.stats().planes_read_alone;
+  }
+  EXPECT_GT(read_alone, 0u);
 }
 
 TEST(Loader, LevelChunksGoThroughTheCacheWithoutTimeChunks) {
