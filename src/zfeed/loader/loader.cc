@@ -862,8 +862,9 @@ void Loader::assemble_batch(uint64_t epoch, std::optional<uint64_t> batch,
       }
     }
   }
-  std::vector<Piece> alone;
-  read_cached(cached, batch, alone);
+  std::vector<Piece> kept, alone;
+  choose_reads_alone(cached, batch, kept, alone);
+  read_cached(kept);
   direct.insert(direct.end(), alone.begin(), alone.end());
   read_direct(direct, memory);
   const uint64_t batch_ns = elapsed_ns(batch_start);
@@ -947,104 +948,96 @@ void Loader::read_direct(std::span<const Piece> pieces, BatchMemory* memory) {
   });
 }
 
-// Pieces whose array has several planes per read chunk: the batch's distinct chunks come from the
-// cache or are decoded once (in parallel), then every piece is scattered from them.
-void Loader::read_cached(std::span<const Piece> all_pieces, std::optional<uint64_t> batch,
-                         std::vector<Piece>& alone) {
-  if (all_pieces.empty()) return;
-  struct Span {
-    uint64_t first, last;  // chunk indices along lat and lon
-  };
-  auto spans = [&](const Piece& piece) {
-    const auto& chunk = read_chunks_[piece.array];
-    const size_t r = chunk.size();
-    return std::array<Span, 2>{
-        Span{piece.lat_start / chunk[r - 2], (piece.lat_start + lat_ - 1) / chunk[r - 2]},
-        Span{piece.lon_start / chunk[r - 1], (piece.lon_start + lon_ - 1) / chunk[r - 1]}};
-  };
-  auto key_of = [&](const Piece& piece, uint64_t y, uint64_t x) {
-    const auto& chunk = read_chunks_[piece.array];
-    ChunkKey key;
-    key.array = static_cast<uint32_t>(piece.array);
-    key.chunk.push_back(piece.time / chunk[0]);
-    if (chunk.size() == 4) key.chunk.push_back(piece.level.value_or(0) / chunk[1]);
-    key.chunk.push_back(y);
-    key.chunk.push_back(x);
-    return key;
-  };
+std::array<Loader::ChunkSpan, 2> Loader::chunk_spans(const Piece& piece) const {
+  const auto& chunk = read_chunks_[piece.array];
+  const size_t r = chunk.size();
+  return {ChunkSpan{piece.lat_start / chunk[r - 2], (piece.lat_start + lat_ - 1) / chunk[r - 2]},
+          ChunkSpan{piece.lon_start / chunk[r - 1], (piece.lon_start + lon_ - 1) / chunk[r - 1]}};
+}
 
-  // A chunk needed by this batch only as a neighbor (a target's or history's step) while its own
-  // samples are done or further away than the cache keeps a chunk would be evicted before they
-  // come: a piece of it not in the cache is read alone, decoding only the start of the chunk
-  // where it can, and not cached.
-  auto needed_only_as_neighbor = [&](const Piece& piece) {
-    if (!batch || own_batches_.empty()) return false;
-    const uint64_t steps = read_chunks_[piece.array][0];
-    const uint64_t begin = piece.time / steps * steps;
-    const uint64_t end = std::min<uint64_t>(begin + steps, own_batches_.size());
-    uint64_t first = UINT64_MAX, last = 0;
-    for (uint64_t t = begin; t < end; ++t) {
-      first = std::min(first, own_batches_[t].first);
-      last = std::max(last, own_batches_[t].second);
-    }
-    const bool own_soon = first <= *batch || first - *batch <= horizon_batches_;
-    return first == UINT64_MAX || !own_soon || *batch > last;
-  };
-  // The planes a piece read alone costs: its own where read by byte range; with a compressor that
-  // stops early, the chunk's start up to it, in the chunk's C order (time, then level).
-  auto planes_to_read = [&](const Piece& piece) -> uint64_t {
-    if (partial_read_[piece.array] == PartialRead::kRange) return 1;
-    const auto& chunk = read_chunks_[piece.array];
-    uint64_t plane = piece.time % chunk[0];
-    if (chunk.size() == 4) plane = plane * chunk[1] + piece.level.value_or(0) % chunk[1];
-    return plane + 1;
-  };
-  // Reading alone costs planes_to_read once per piece: it is chosen only where that is less than
-  // the whole chunk and those costs add up to less than the chunk (with a compressor, a target step
-  // or two past a chunk's end, not a history reaching back into the previous one).
-  std::vector<bool> candidate(all_pieces.size());
+ChunkKey Loader::chunk_key(const Piece& piece, uint64_t y, uint64_t x) const {
+  const auto& chunk = read_chunks_[piece.array];
+  ChunkKey key;
+  key.array = static_cast<uint32_t>(piece.array);
+  key.chunk.push_back(piece.time / chunk[0]);
+  if (chunk.size() == 4) key.chunk.push_back(piece.level.value_or(0) / chunk[1]);
+  key.chunk.push_back(y);
+  key.chunk.push_back(x);
+  return key;
+}
+
+bool Loader::needed_only_as_neighbor(const Piece& piece, std::optional<uint64_t> batch) const {
+  if (!batch || own_batches_.empty()) return false;
+  const uint64_t steps = read_chunks_[piece.array][0];
+  const uint64_t begin = piece.time / steps * steps;
+  const uint64_t end = std::min<uint64_t>(begin + steps, own_batches_.size());
+  uint64_t first = UINT64_MAX, last = 0;
+  for (uint64_t t = begin; t < end; ++t) {
+    first = std::min(first, own_batches_[t].first);
+    last = std::max(last, own_batches_[t].second);
+  }
+  const bool own_soon = first <= *batch || first - *batch <= horizon_batches_;
+  return first == UINT64_MAX || !own_soon || *batch > last;
+}
+
+uint64_t Loader::planes_to_read_alone(const Piece& piece) const {
+  if (partial_read_[piece.array] == PartialRead::kRange) return 1;
+  const auto& chunk = read_chunks_[piece.array];
+  uint64_t plane = piece.time % chunk[0];
+  if (chunk.size() == 4) plane = plane * chunk[1] + piece.level.value_or(0) % chunk[1];
+  return plane + 1;
+}
+
+void Loader::choose_reads_alone(std::span<const Piece> pieces, std::optional<uint64_t> batch,
+                                std::vector<Piece>& kept, std::vector<Piece>& alone) {
+  // Reading alone costs planes_to_read_alone once per piece: it is chosen only where the codecs
+  // allow a partial read and those costs add up to less than the chunk (with a compressor, a
+  // target step or two past a chunk's end, not a history reaching back into the previous one).
+  std::vector<bool> candidate(pieces.size());
   std::unordered_map<ChunkKey, uint64_t, ChunkKeyHash> alone_planes;  // planes read per chunk
-  for (size_t p = 0; p < all_pieces.size(); ++p) {
-    const Piece& piece = all_pieces[p];
-    bool ok = partial_read_[piece.array] != PartialRead::kWhole && needed_only_as_neighbor(piece);
-    const auto [ys, xs] = spans(piece);
+  for (size_t p = 0; p < pieces.size(); ++p) {
+    const Piece& piece = pieces[p];
+    bool ok =
+        partial_read_[piece.array] != PartialRead::kWhole && needed_only_as_neighbor(piece, batch);
+    const auto [ys, xs] = chunk_spans(piece);
     for (uint64_t y = ys.first; ok && y <= ys.last; ++y) {
       for (uint64_t x = xs.first; ok && x <= xs.last; ++x)
-        ok = !cache_.contains(key_of(piece, y, x));
+        ok = !cache_.contains(chunk_key(piece, y, x));
     }
     candidate[p] = ok;
     if (!ok) continue;
     for (uint64_t y = ys.first; y <= ys.last; ++y) {
-      for (uint64_t x = xs.first; x <= xs.last; ++x) {
-        alone_planes[key_of(piece, y, x)] += planes_to_read(piece);
-      }
+      for (uint64_t x = xs.first; x <= xs.last; ++x)
+        alone_planes[chunk_key(piece, y, x)] += planes_to_read_alone(piece);
     }
   }
-  std::vector<Piece> kept;
-  kept.reserve(all_pieces.size());
-  for (size_t p = 0; p < all_pieces.size(); ++p) {
-    const Piece& piece = all_pieces[p];
+  kept.reserve(pieces.size());
+  for (size_t p = 0; p < pieces.size(); ++p) {
+    const Piece& piece = pieces[p];
     bool read_alone = candidate[p];
     const auto& chunk = read_chunks_[piece.array];
     const uint64_t planes = chunk[0] * (chunk.size() == 4 ? chunk[1] : 1);
-    const auto [ys, xs] = spans(piece);
+    const auto [ys, xs] = chunk_spans(piece);
     for (uint64_t y = ys.first; read_alone && y <= ys.last; ++y) {
-      for (uint64_t x = xs.first; read_alone && x <= xs.last; ++x) {
-        read_alone = CodecChain::prefix_worth_it(alone_planes[key_of(piece, y, x)], planes);
-      }
+      for (uint64_t x = xs.first; read_alone && x <= xs.last; ++x)
+        read_alone = CodecChain::prefix_worth_it(alone_planes[chunk_key(piece, y, x)], planes);
     }
     (read_alone ? alone : kept).push_back(piece);
   }
   shared_->planes_read_alone += alone.size();
-  const std::span<const Piece> pieces = kept;
+}
 
+// Pieces whose array has several planes per read chunk: the batch's distinct chunks come from the
+// cache or are decoded once (in parallel), then every piece is scattered from them.
+void Loader::read_cached(std::span<const Piece> pieces) {
+  if (pieces.empty()) return;
   std::unordered_map<ChunkKey, std::shared_ptr<Bytes>, ChunkKeyHash> chunks;
   std::vector<ChunkKey> missing;
   for (const Piece& piece : pieces) {
-    const auto [ys, xs] = spans(piece);
+    const auto [ys, xs] = chunk_spans(piece);
     for (uint64_t y = ys.first; y <= ys.last; ++y) {
       for (uint64_t x = xs.first; x <= xs.last; ++x) {
-        ChunkKey key = key_of(piece, y, x);
+        ChunkKey key = chunk_key(piece, y, x);
         if (chunks.count(key)) continue;
         auto found = cache_.find(key);
         if (found) {
@@ -1110,11 +1103,11 @@ void Loader::read_cached(std::span<const Piece> all_pieces, std::optional<uint64
     const Piece& piece = pieces[p];
     const DataType type = arrays_[piece.array].metadata().dtype;
     const size_t element = type.size(), out_size = output_size(piece.out);
-    const auto [ys, xs] = spans(piece);
+    const auto [ys, xs] = chunk_spans(piece);
     std::vector<uint64_t> start, count;
     for (uint64_t y = ys.first; y <= ys.last; ++y) {
       for (uint64_t x = xs.first; x <= xs.last; ++x) {
-        const ChunkKey key = key_of(piece, y, x);
+        const ChunkKey key = chunk_key(piece, y, x);
         const Bytes& bytes = *chunks.at(key);
         chunk_box(key, start, count);
         const size_t r = start.size();

@@ -282,10 +282,25 @@ class Loader {
   struct Source;  // one (variable, level) channel source
   struct Piece;   // one plane of one array to place into the batch
   void read_direct(std::span<const Piece> pieces, BatchMemory* memory);
-  // `batch`: the epoch's batch being assembled (none for assemble()); pieces of chunks needed
-  // here only as a neighbor are left to read_direct, in `alone`.
-  void read_cached(std::span<const Piece> pieces, std::optional<uint64_t> batch,
-                   std::vector<Piece>& alone);
+  void read_cached(std::span<const Piece> pieces);
+  // Splits the pieces of arrays with several planes per read chunk into those read through the
+  // cache (`kept`) and those read alone by read_direct (`alone`): pieces of chunks missing from
+  // the cache that `batch` (the epoch's batch being assembled; none for assemble()) needs only as
+  // a neighbor (a target's or history's step) while the chunk's own samples are done or further
+  // away than the cache keeps a chunk, so that it would be evicted before they come; only where
+  // reading them alone costs less than the whole chunk.
+  void choose_reads_alone(std::span<const Piece> pieces, std::optional<uint64_t> batch,
+                          std::vector<Piece>& kept, std::vector<Piece>& alone);
+  bool needed_only_as_neighbor(const Piece& piece, std::optional<uint64_t> batch) const;
+  // The planes reading a piece alone costs: its own where read by byte range; with a compressor
+  // that stops early, the chunk's start up to it, in the chunk's C order (time, then level).
+  uint64_t planes_to_read_alone(const Piece& piece) const;
+  // The read chunks a piece's crop touches along lat and lon (first and last chunk index).
+  struct ChunkSpan {
+    uint64_t first, last;
+  };
+  std::array<ChunkSpan, 2> chunk_spans(const Piece& piece) const;
+  ChunkKey chunk_key(const Piece& piece, uint64_t y, uint64_t x) const;
   void assemble_batch(uint64_t epoch, std::optional<uint64_t> batch,
                       std::span<const uint64_t> times, void* inputs, void* targets,
                       BatchMemory* memory);
