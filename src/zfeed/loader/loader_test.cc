@@ -4,8 +4,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <random>
 #include <set>
 
 #include "zfeed/codec/data_type.h"
@@ -461,6 +463,150 @@ TEST(Loader, HistoryIntoThePreviousChunkIsReadAloneOnlyWhereUncompressed) {
     read_alone += loader.stats().planes_read_alone;
   }
   EXPECT_GT(read_alone, 0u);
+}
+
+// Random layouts (chunks along every dimension, edge chunks, codecs, shards) and random specs
+// (history, lead, crops, batch size, order, cache budget, epoch): every plane of every batch
+// equals the values written, computed independently of Array::read, to the bit.
+TEST(Loader, RandomLayoutsAndSpecsDeliverTheWrittenValues) {
+  const std::vector<std::string> inner_codecs = {
+      kZstdCodecs, kUncompressed,
+      R"([{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "gzip", "configuration": {"level": 1}}])",
+      R"([{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "zstd"},
+          {"name": "crc32c"}])"};
+  uint64_t read_alone = 0, cache_hits = 0;
+  for (uint32_t seed = 0; seed < 40; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    std::mt19937 rng(seed);
+    auto pick = [&](uint64_t low, uint64_t high) {
+      return std::uniform_int_distribution<uint64_t>(low, high)(rng);
+    };
+    // The layout: t2m (time, lat, lon) float32 without stats, z (time, level, lat, lon) float64
+    // with per-level stats.
+    const uint64_t time_chunk = pick(1, 4), level_chunk = pick(1, 3);
+    const uint64_t lat_chunk = std::vector<uint64_t>{6, 4, 3}[pick(0, 2)];
+    const uint64_t lon_chunk = std::vector<uint64_t>{8, 5, 3}[pick(0, 2)];
+    const std::string codecs = inner_codecs[pick(0, inner_codecs.size() - 1)];
+    const bool sharded = pick(0, 2) == 0;
+    SCOPED_TRACE("chunks " + std::to_string(time_chunk) + "/" + std::to_string(level_chunk) + "/" +
+                 std::to_string(lat_chunk) + "/" + std::to_string(lon_chunk) +
+                 (sharded ? " sharded " : " ") + codecs);
+    auto store = make_memory_store();
+    zarr::Group::create(store, "");
+    auto create = [&](const std::string& name, const std::string& dtype,
+                      std::vector<uint64_t> shape, Json attributes) {
+      std::vector<uint64_t> chunks = {time_chunk, lat_chunk, lon_chunk};
+      if (shape.size() == 4) chunks.insert(chunks.begin() + 1, level_chunk);
+      Json chain = Json::parse(codecs);
+      std::vector<uint64_t> grid = chunks;
+      if (sharded) {
+        grid[0] *= 2;  // two inner chunks along time per shard
+        chain = Json::array({{{"name", "sharding_indexed"},
+                              {"configuration", {{"chunk_shape", chunks}, {"codecs", chain}}}}});
+      }
+      Json json = {
+          {"zarr_format", 3},
+          {"node_type", "array"},
+          {"shape", shape},
+          {"data_type", dtype},
+          {"chunk_grid", {{"name", "regular"}, {"configuration", {{"chunk_shape", grid}}}}},
+          {"chunk_key_encoding", {{"name", "default"}}},
+          {"fill_value", 0},
+          {"codecs", chain},
+          {"attributes", attributes}};
+      return zarr::Array::create(store, name, zarr::ArrayMetadata::parse_v3(json));
+    };
+    auto t2m = create("t2m", "float32", {kTimes, kLat, kLon}, Json::object());
+    auto z = create(
+        "z", "float64", {kTimes, kLevels, kLat, kLon},
+        Json{{"zfeed_stats", {{"mean", {1000.0, 1003.0, 1006.0}}, {"std", {2.0, 4.0, 8.0}}}}});
+    std::vector<float> a(kTimes * kLat * kLon);
+    std::vector<double> b(kTimes * kLevels * kLat * kLon);
+    for (uint64_t t = 0; t < kTimes; ++t) {
+      for (uint64_t y = 0; y < kLat; ++y) {
+        for (uint64_t x = 0; x < kLon; ++x) {
+          a[(t * kLat + y) * kLon + x] = static_cast<float>(value_of(0, t, 0, y, x));
+          for (uint64_t l = 0; l < kLevels; ++l)
+            b[((t * kLevels + l) * kLat + y) * kLon + x] = value_of(1, t, l, y, x);
+        }
+      }
+    }
+    t2m.write(t2m.full_selection(), a.data());
+    z.write(z.full_selection(), b.data());
+
+    // The spec.
+    LoaderSpec spec;
+    spec.store = store;
+    std::vector<uint64_t> levels = {0, 1, 2};
+    std::shuffle(levels.begin(), levels.end(), rng);
+    levels.resize(pick(1, 3));
+    spec.inputs = {var("t2m"), var("z", levels)};
+    spec.targets = pick(0, 1) ? std::vector<VariableSpec>{var("z", {levels[0]})}
+                              : std::vector<VariableSpec>{var("t2m"), var("z", levels)};
+    spec.history = pick(1, 3);
+    spec.lead = pick(0, 2);
+    switch (pick(0, 2)) {
+      case 1: {
+        const uint64_t lat_size = pick(1, kLat), lon_size = pick(1, kLon);
+        spec.crop = Crop{pick(0, kLat - lat_size), lat_size, pick(0, kLon - lon_size), lon_size};
+        break;
+      }
+      case 2:
+        spec.random_crop = std::array<uint64_t, 2>{pick(1, kLat), pick(1, kLon)};
+        break;
+    }
+    spec.batch_size = pick(1, 5);
+    spec.drop_last = pick(0, 1) == 1;
+    spec.order = std::vector<std::string>{"auto", "random", "chunks"}[pick(0, 2)];
+    if (pick(0, 1)) spec.cache_bytes = pick(0, 3) * lat_chunk * lon_chunk * time_chunk * 8;
+    spec.prefetch = pick(1, 3);
+    spec.seed = seed;
+    spec.epoch = pick(0, 2);
+
+    Loader loader(spec);
+    const auto in = loader.input_shape(), out = loader.target_shape();
+    const size_t plane = in[2] * in[3];
+    auto check = [&](const float* got, const Channel& channel, uint64_t time,
+                     std::array<uint64_t, 2> origin, const std::string& what) {
+      const int variable = channel.variable == "t2m" ? 0 : 1;
+      size_t wrong = 0;
+      for (uint64_t y = 0; y < in[2]; ++y) {
+        for (uint64_t x = 0; x < in[3]; ++x) {
+          const double stored =
+              value_of(variable, time, channel.level.value_or(0), origin[0] + y, origin[1] + x);
+          float want = static_cast<float>(stored);
+          if (channel.normalized) want = (want - channel.mean) / channel.std;
+          wrong += std::memcmp(&want, &got[y * in[3] + x], sizeof(float)) != 0;
+        }
+      }
+      EXPECT_EQ(wrong, 0u) << what;
+    };
+    uint64_t samples = 0;
+    while (auto batch = loader.next()) {
+      for (uint64_t i = 0; i < batch->size; ++i, ++samples) {
+        const auto t = static_cast<uint64_t>(batch->times()[i]);
+        const auto origin = loader.crop_origin(batch->epoch, t);
+        for (size_t c = 0; c < in[1]; ++c) {
+          const Channel& channel = loader.input_channels()[c];
+          check(batch->inputs() + (i * in[1] + c) * plane, channel, t + channel.time_offset, origin,
+                "time " + std::to_string(t) + " input " + std::to_string(c));
+        }
+        for (size_t c = 0; c < out[1]; ++c) {
+          const Channel& channel = loader.target_channels()[c];
+          check(batch->targets() + (i * out[1] + c) * plane, channel, t + channel.time_offset,
+                origin, "time " + std::to_string(t) + " target " + std::to_string(c));
+        }
+      }
+    }
+    const uint64_t all = loader.num_samples();
+    EXPECT_EQ(samples, spec.drop_last ? all / spec.batch_size * spec.batch_size : all);
+    read_alone += loader.stats().planes_read_alone;
+    cache_hits += loader.stats().cache_hits;
+    if (::testing::Test::HasFailure()) break;  // one failing case says enough
+  }
+  // The cases reach the cache and the reads alone.
+  EXPECT_GT(read_alone, 0u);
+  EXPECT_GT(cache_hits, 0u);
 }
 
 TEST(Loader, LevelChunksGoThroughTheCacheWithoutTimeChunks) {
