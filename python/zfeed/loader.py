@@ -22,9 +22,11 @@ normalized. With ``random_crop``, ``crops`` int64 ``[batch, 2]`` gives each samp
 Variables are arrays of the group, or channels of a stacked array ``data(time, variable, lat,
 lon)`` whose ``variables`` attribute names them (anemoi-datasets' layout).
 
-Where chunks hold several time steps, the order is chunk-aware (``order="auto"``): the epoch visits
-the time chunks in a shuffled order, ``window`` chunks at a time, shuffling the samples within the
-window, so that each chunk is decoded once per epoch (the decoded-chunk cache holds the window).
+Where compressed chunks hold several time steps, the order is chunk-aware (``order="auto"``): the
+epoch visits the time chunks in a shuffled order, ``window`` chunks at a time, shuffling the samples
+within the window, so that each chunk is decoded once per epoch (the decoded-chunk cache holds the
+window). Uncompressed planes are read by byte range, so uncompressed arrays keep a plain shuffle
+unless ``order="chunks"``.
 
 The arrays view the loader's batch buffers (no copy); a buffer is reused only once every array of
 its batch has been dropped, and the loader keeps ``prefetch + 1`` buffers while the consumer holds

@@ -647,8 +647,9 @@ Loader::Loader(LoaderSpec spec) : spec_(std::move(spec)), shared_(std::make_shar
                 std::to_string(spec_.lead));
   }
 
-  // Which arrays go through the decoded-chunk cache, and the time chunking that sets the order.
-  uint64_t time_chunk = 1, chunk_row_bytes = 0;
+  // Which arrays go through the decoded-chunk cache, and the time chunking that sets the order:
+  // that of the cached arrays, or with order "chunks" of every array.
+  uint64_t time_chunk = 1, any_time_chunk = 1, chunk_row_bytes = 0;
   read_chunks_.resize(arrays_.size());
   cached_.resize(arrays_.size());
   partial_read_.resize(arrays_.size());
@@ -657,11 +658,15 @@ Loader::Loader(LoaderSpec spec) : spec_(std::move(spec)), shared_(std::make_shar
     read_chunks_[a] = arrays_[a].read_chunk_shape();
     const auto& chunk = read_chunks_[a];
     const uint64_t planes = chunk[0] * (meta.rank() == 4 ? chunk[1] : 1);
-    cached_[a] = planes > 1;
     const CodecChain& codecs = arrays_[a].read_codecs();
     partial_read_[a] = codecs.is_identity()         ? PartialRead::kRange
                        : codecs.prefix_saves_work() ? PartialRead::kPrefix
                                                     : PartialRead::kWhole;
+    // An uncompressed plane is read by byte range straight into the batch, as cheaply as from a
+    // cache: such arrays need neither the cache nor the chunk-aware order.
+    cached_[a] = planes > 1 && partial_read_[a] != PartialRead::kRange;
+    any_time_chunk = std::max(any_time_chunk, chunk[0]);
+    if (!cached_[a]) continue;
     time_chunk = std::max(time_chunk, chunk[0]);
     // One time chunk of the array (all of its chunks along the other dims).
     uint64_t row = chunk[0] * meta.dtype.size();
@@ -679,7 +684,8 @@ Loader::Loader(LoaderSpec spec) : spec_(std::move(spec)), shared_(std::make_shar
       const auto& meta = arrays_[a].metadata();
       const auto& chunk = read_chunks_[a];
       const size_t r = chunk.size();
-      passable_[a] = !cached_[a] && meta.dtype.id == DataTypeId::kFloat32 &&
+      const bool one_plane = chunk[0] == 1 && (r == 3 || chunk[1] == 1);
+      passable_[a] = one_plane && meta.dtype.id == DataTypeId::kFloat32 &&
                      chunk[r - 2] == meta.shape[r - 2] && chunk[r - 1] == meta.shape[r - 1] &&
                      spec_.pass_compressed(arrays_[a]);
       if (passable_[a]) pass_reason_.clear();
@@ -691,6 +697,7 @@ Loader::Loader(LoaderSpec spec) : spec_(std::move(spec)), shared_(std::make_shar
   for (size_t a = 0; a < arrays_.size(); ++a) local_[a] = arrays_[a].stored_locally();
   set_locate_compressed(spec_.locate_compressed);
 
+  if (spec_.order == "chunks") time_chunk = any_time_chunk;
   const bool chunk_order =
       spec_.shuffle && (spec_.order == "chunks" || (spec_.order == "auto" && time_chunk > 1));
 

@@ -72,7 +72,8 @@ struct LoaderSpec {
   // The array holding stacked variables (dims (time, variable, lat, lon), attribute "variables"):
   // names not found as arrays are looked up there.
   std::string stacked = "data";
-  // Sample order: "auto" (chunk-aware where some array's read chunks hold several time steps),
+  // Sample order: "auto" (chunk-aware where some compressed array's read chunks hold several time
+  // steps; uncompressed planes are read by byte range, needing no such order),
   // "random" (a plain shuffle) or "chunks".
   std::string order = "auto";
   uint64_t window = 0;  // time chunks in flight in the chunk-aware order (0: automatic)

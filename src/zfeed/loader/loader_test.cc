@@ -54,8 +54,8 @@ double value_of(int variable, uint64_t t, uint64_t level, uint64_t y, uint64_t x
 // With time_chunk > 1 (or level_chunk > 1) the arrays' chunks hold several planes, so the loader
 // reads them through its decoded-chunk cache.
 std::shared_ptr<Store> make_store(uint64_t time_chunk = 1, uint64_t level_chunk = 1,
-                                  const char* codecs = kZstdCodecs) {
-  auto store = make_memory_store();
+                                  const char* codecs = kZstdCodecs,
+                                  std::shared_ptr<Store> store = make_memory_store()) {
   zarr::Group::create(store, "");
   auto t2m = zarr::Array::create(
       store, "t2m", meta("float32", {kTimes, kLat, kLon}, Json::object(), time_chunk, 1, codecs));
@@ -414,29 +414,53 @@ TEST(Loader, ChunksNeededOnlyAsNeighborsAreReadAloneAndDecodedWholeOnce) {
     EXPECT_EQ(everything_fits.stats().planes_read_alone, 0u);
     spec.cache_bytes = everything_fits.cache_budget() / 2;  // 3 of the 6 time chunks
   }
-  // Compressed, a plane alone decodes the start of its chunk; uncompressed, it is read by range.
-  for (const auto* codecs : {&kZstdCodecs, &kUncompressed}) {
-    SCOPED_TRACE(codecs == &kUncompressed ? "uncompressed" : "zstd");
-    spec.store = codecs == &kUncompressed ? make_store(/*time_chunk=*/2, 1, kUncompressed) : store;
-    uint64_t read_alone = 0;
-    for (uint64_t epoch : {0, 1, 2}) {
-      SCOPED_TRACE("epoch " + std::to_string(epoch));
-      spec.epoch = epoch;
-      Loader loader(spec);
-      while (auto batch = loader.next()) check_batch(spec.store, loader, *batch);
-      // 6 time chunks of t2m and q, and of z's levels 0 and 2 (one chunk per level), once each
-      // (read_cached without reads alone decoded 25 to 27 here).
-      EXPECT_EQ(loader.stats().chunks_decoded, 6u * 4);
-      read_alone += loader.stats().planes_read_alone;
+  uint64_t read_alone = 0;
+  for (uint64_t epoch : {0, 1, 2}) {
+    SCOPED_TRACE("epoch " + std::to_string(epoch));
+    spec.epoch = epoch;
+    Loader loader(spec);
+    while (auto batch = loader.next()) check_batch(store, loader, *batch);
+    // 6 time chunks of t2m and q, and of z's levels 0 and 2 (one chunk per level), once each
+    // (read_cached without reads alone decoded 25 to 27 here).
+    EXPECT_EQ(loader.stats().chunks_decoded, 6u * 4);
+    read_alone += loader.stats().planes_read_alone;
+  }
+  EXPECT_GT(read_alone, 0u);
+}
+
+// Uncompressed planes are read by byte range straight into the batch, costing no more than a
+// copy out of a cache would: such arrays skip the cache, and "auto" keeps a plain shuffle.
+TEST(Loader, UncompressedPlanesAreReadByRangeWithoutTheCache) {
+  testing::TempDir folder;
+  auto store = make_store(/*time_chunk=*/4, /*level_chunk=*/3, kUncompressed,
+                          make_file_store(folder.path()));  // a file store counts bytes read
+  auto spec = base_spec(store);
+  spec.drop_last = false;
+  for (const std::string order : {"auto", "chunks"}) {
+    SCOPED_TRACE(order);
+    spec.order = order;
+    Loader loader(spec);
+    EXPECT_EQ(loader.order(), order == "auto" ? "random" : "chunks");
+    EXPECT_EQ(loader.cache_budget(), 0u);
+    uint64_t planes = 0;
+    while (auto batch = loader.next()) {
+      check_batch(store, loader, *batch);
+      planes += batch->size * (loader.input_shape()[1] + loader.target_shape()[1]);
     }
-    EXPECT_GT(read_alone, 0u);
+    const auto stats = loader.stats();
+    EXPECT_EQ(stats.chunks_decoded, 0u);
+    EXPECT_EQ(stats.cache_hits, 0u);
+    // Only the planes delivered were read (t2m float32, z float64 at 2 levels, q int16; targets
+    // t2m and q): nothing else of their chunks.
+    const uint64_t per_sample = (4 + 2 * 8 + 2 + 4 + 2) * kLat * kLon;
+    EXPECT_EQ(stats.bytes_read, stats.samples * per_sample);
+    EXPECT_EQ(planes, stats.samples * 6);
   }
 }
 
 // History reaching back into the previous chunk needs that chunk's last steps: decoding its start
-// up to them, once per piece, would cost more than the whole chunk, so those go through the cache;
-// uncompressed, each is read alone by byte range.
-TEST(Loader, HistoryIntoThePreviousChunkIsReadAloneOnlyWhereUncompressed) {
+// up to them, once per piece, would cost more than the whole chunk, so those go through the cache.
+TEST(Loader, HistoryReachingIntoThePreviousChunkIsNotReadAlone) {
   auto store = make_store(/*time_chunk=*/4);
   auto spec = base_spec(store);
   spec.history = 3;
@@ -452,17 +476,6 @@ TEST(Loader, HistoryIntoThePreviousChunkIsReadAloneOnlyWhereUncompressed) {
     while (auto batch = loader.next()) check_batch(store, loader, *batch);
     EXPECT_EQ(loader.stats().planes_read_alone, 0u) << "epoch " << epoch;
   }
-  // Uncompressed, each of those steps is read by range, costing one plane, not the chunk's start.
-  auto raw = make_store(/*time_chunk=*/4, 1, kUncompressed);
-  spec.store = raw;
-  uint64_t read_alone = 0;
-  for (uint64_t epoch : {0, 1, 2}) {
-    spec.epoch = epoch;
-    Loader loader(spec);
-    while (auto batch = loader.next()) check_batch(raw, loader, *batch);
-    read_alone += loader.stats().planes_read_alone;
-  }
-  EXPECT_GT(read_alone, 0u);
 }
 
 // Random layouts (chunks along every dimension, edge chunks, codecs, shards) and random specs

@@ -97,6 +97,22 @@ class FileStore final : public Store {
     return true;
   }
 
+  bool read_range_into(std::string_view key, uint64_t offset, MutableByteView out) const override {
+    check_key(key);
+    FileDescriptor fd(::open(path_of(key).c_str(), O_RDONLY | O_CLOEXEC));
+    if (fd.get() < 0) {
+      if (errno == ENOENT || errno == ENOTDIR) return false;
+      throw Error(where(key) + ": cannot open: " + errno_text(errno));
+    }
+    struct stat info {};
+    if (::fstat(fd.get(), &info) != 0)
+      throw Error(where(key) + ": stat failed: " + errno_text(errno));
+    if (S_ISDIR(info.st_mode)) return false;
+    ByteRange::range(offset, out.size()).resolve(static_cast<uint64_t>(info.st_size), where(key));
+    read_fully(fd.get(), out, offset, key);
+    return true;
+  }
+
   std::optional<std::string> local_path(std::string_view key) const override {
     check_key(key);
     return path_of(key);

@@ -1,6 +1,7 @@
 #include "zfeed/store/store.h"
 
 #include <algorithm>
+#include <cstring>
 #include <set>
 
 #include "zfeed/util/error.h"
@@ -57,6 +58,13 @@ bool Store::read_into(std::string_view key, MutableByteView out) const {
                 " bytes, found " + std::to_string(value->size()));
   }
   if (!out.empty()) std::memcpy(out.data(), value->data(), out.size());
+  return true;
+}
+
+bool Store::read_range_into(std::string_view key, uint64_t offset, MutableByteView out) const {
+  Bytes value;
+  if (!get_into(key, ByteRange::range(offset, out.size()), value)) return false;
+  if (!out.empty()) std::memcpy(out.data(), value.data(), out.size());
   return true;
 }
 

@@ -58,6 +58,11 @@ class Store {
   // then copies; the filesystem store reads in place.
   virtual bool read_into(std::string_view key, MutableByteView out) const;
 
+  // Reads out.size() bytes of the value from `offset` straight into `out`. Returns false if the
+  // key does not exist; a range past the value's end is an error naming the key. The default
+  // reads then copies; the filesystem store reads in place.
+  virtual bool read_range_into(std::string_view key, uint64_t offset, MutableByteView out) const;
+
   // The value's size in bytes, or nullopt if the key does not exist.
   virtual std::optional<uint64_t> size(std::string_view key) const = 0;
 

@@ -104,6 +104,18 @@ TEST_P(StoreContract, ReadIntoExactSize) {
   EXPECT_CONTAINS(message, "expected 4 bytes, found 6");
 }
 
+TEST_P(StoreContract, ReadRangeInto) {
+  store_->set("k", as_bytes("abcdef"));
+  uint8_t buffer[3] = {};
+  ASSERT_TRUE(store_->read_range_into("k", 2, {buffer, 3}));
+  EXPECT_EQ(std::string(reinterpret_cast<char*>(buffer), 3), "cde");
+  ASSERT_TRUE(store_->read_range_into("k", 6, {buffer, 0}));
+  EXPECT_FALSE(store_->read_range_into("nope", 0, {buffer, 3}));
+  std::string message = error_of([&] { store_->read_range_into("k", 4, {buffer, 3}); });
+  EXPECT_CONTAINS(message, "k");
+  EXPECT_CONTAINS(message, "bytes 4..7 is outside the 6-byte value");
+}
+
 TEST_P(StoreContract, GetMany) {
   store_->set("a", as_bytes("AAAA"));
   store_->set("b", as_bytes("BBBBBB"));

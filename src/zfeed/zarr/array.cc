@@ -95,11 +95,7 @@ struct Source {
         absolute = ByteRange::range(offset, length);
         break;
       case ByteRange::Kind::kRange:
-        if (range.offset > length || range.length > length - range.offset) {
-          throw Error(where() + ": " + range.describe() + " is outside the " +
-                      std::to_string(length) + "-byte inner chunk");
-        }
-        absolute = ByteRange::range(offset + range.offset, range.length);
+        absolute = window_range(range.offset, range.length);
         break;
       case ByteRange::Kind::kSuffix:
         if (range.length > length) {
@@ -110,11 +106,24 @@ struct Source {
         absolute = ByteRange::range(offset + length - range.length, range.length);
         break;
     }
-    if (!store.get_into(key, absolute, out)) {
-      throw Error(store.url() + "/" + key + ": vanished while reading");
-    }
+    if (!store.get_into(key, absolute, out)) throw vanished();
     return true;
   }
+  // Reads out.size() bytes from `at` (within the window) straight into `out`.
+  bool fetch_into(uint64_t at, MutableByteView out) const {
+    if (!windowed) return store.read_range_into(key, at, out);
+    if (!store.read_range_into(key, window_range(at, out.size()).offset, out)) throw vanished();
+    return true;
+  }
+  // [at, at + size) of the window, in the store value.
+  ByteRange window_range(uint64_t at, uint64_t size) const {
+    if (at > length || size > length - at) {
+      throw Error(where() + ": " + ByteRange::range(at, size).describe() + " is outside the " +
+                  std::to_string(length) + "-byte inner chunk");
+    }
+    return ByteRange::range(offset + at, size);
+  }
+  Error vanished() const { return Error(store.url() + "/" + key + ": vanished while reading"); }
   std::string where() const {
     std::string text = store.url() + "/" + key;
     if (windowed)
@@ -220,6 +229,13 @@ void read_region(const CodecChain& chain, const Source& source, const Region& re
     const uint64_t begin = element_offset(first, spec.shape);
     const uint64_t end = region_end_offset(spec.shape, region);
     if (end <= begin) return;
+    // One run of the chunk that is one run of the output: read straight into place.
+    if (is_contiguous(region.count, spec.shape) && is_contiguous(region.count, out_shape) &&
+        (region.count[outer] == 1 || region.step[outer] == 1)) {
+      if (!source.fetch_into(begin * item, {direct_out, static_cast<size_t>((end - begin) * item)}))
+        fill_region();
+      return;
+    }
     ScratchBuffer part;
     if (!source.fetch(ByteRange::range(begin * item, (end - begin) * item), part.bytes()))
       return fill_region();
