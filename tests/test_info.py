@@ -90,8 +90,12 @@ def test_large_chunks(tmp_path):
     # Nothing written: the advice comes from the metadata (a 67 MiB chunk).
     group.create_array("big", shape=(2, 4200, 4200), chunks=(1, 4200, 4200), dtype="float32",
                        dimension_names=DIMS)
+    # Uncompressed, a read fetches only its part of a chunk: no advice.
+    group.create_array("raw", shape=(2, 4200, 4200), chunks=(2, 4200, 4200), dtype="float32",
+                       compressor=None, dimension_names=DIMS)
     advice = advice_of(root)
     assert kinds(advice, "big") == {"large_chunks"}
+    assert kinds(advice, "raw") == set()
     assert "over 64 MiB" in advice[0]["advice"] and "--chunks" in advice[0]["advice"]
     assert "over 64 MiB" in run("info", root).stdout
 
@@ -105,9 +109,13 @@ def test_time_chunks(tmp_path):
     # Sharded with multi-step inner chunks: the inner chunks are what a read decodes.
     group.create_array("t", shape=(24, 256, 256), chunks=(4, 256, 256), shards=(12, 256, 256),
                        dtype="float32", dimension_names=["valid_time", "lat", "lon"])
+    # Uncompressed steps are read by byte range, one at a time.
+    group.create_array("raw", shape=(24, 256, 256), chunks=(6, 256, 256), dtype="float32",
+                       compressor=None, dimension_names=DIMS)
     advice = advice_of(root)
     assert kinds(advice, "z500") == {"time_chunks"}
     assert kinds(advice, "t") == {"time_chunks"}
+    assert kinds(advice, "raw") == set()
     assert kinds(advice, "time") == set()  # a 1-D coordinate is read whole
     text = {item["array"].strip("/"): item["advice"] for item in advice}
     assert "6 time steps" in text["z500"] and "zfeed rechunk --chunks time=1" in text["z500"]

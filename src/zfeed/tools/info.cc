@@ -71,7 +71,10 @@ Json advise(const zarr::Array& array, const zarr::StorageInfo& storage) {
   const std::string what = sharded ? "inner chunks" : "chunks";
   std::string time_name = time_dim ? *(*meta.dimension_names)[*time_dim] : "time";
 
-  if (time_dim && chunk[*time_dim] > 1 && meta.shape[*time_dim] > 1) {
+  // Uncompressed chunks are read by byte range: a read fetches only its part, however large the
+  // chunk or however many steps it holds.
+  const bool read_by_range = array.read_codecs().is_identity();
+  if (time_dim && chunk[*time_dim] > 1 && meta.shape[*time_dim] > 1 && !read_by_range) {
     uint64_t steps = chunk[*time_dim];
     add("time_chunks",
         "read " + what + " of " + std::to_string(steps) + " " + time_name +
@@ -80,7 +83,7 @@ Json advise(const zarr::Array& array, const zarr::StorageInfo& storage) {
             time_name + "=1`, with --shards " + time_name + "=" + std::to_string(steps) +
             " to keep the number of files)");
   }
-  if (chunk_bytes > kLargeChunkBytes) {
+  if (chunk_bytes > kLargeChunkBytes && !read_by_range) {
     std::string fix;
     if (time_dim && chunk[*time_dim] > 1) {
       fix = "`zfeed rechunk --chunks " + time_name + "=1`";
