@@ -766,17 +766,16 @@ std::array<uint64_t, 4> Loader::target_shape() const {
 uint64_t Loader::memory_bound() const {
   const uint64_t batch = shared_->input_bytes + shared_->target_bytes;
   // One batch's distinct chunks in flight: at most every plane of the batch in its own chunk.
-  // Direct reads use one scratch plane per thread.
+  // Direct reads (and reads alone) keep per thread at most a stored and a decoded read chunk and
+  // a plane to cast from (the thread's scratch buffers).
   uint64_t in_flight = 0, scratch = 0;
   const uint64_t samples = spec_.batch_size;
   auto add = [&](const std::vector<Source>& sources, uint64_t steps) {
     for (const auto& source : sources) {
       const auto& meta = arrays_[source.array].metadata();
-      if (cached_[source.array]) {
-        in_flight += samples * steps * product(read_chunks_[source.array]) * meta.dtype.size();
-      } else {
-        scratch = std::max<uint64_t>(scratch, lat_ * lon_ * meta.dtype.size());
-      }
+      const uint64_t chunk_bytes = product(read_chunks_[source.array]) * meta.dtype.size();
+      if (cached_[source.array]) in_flight += samples * steps * chunk_bytes;
+      scratch = std::max<uint64_t>(scratch, 2 * chunk_bytes + lat_ * lon_ * meta.dtype.size());
     }
   };
   add(input_sources_, spec_.history);
