@@ -652,19 +652,17 @@ Loader::Loader(LoaderSpec spec) : spec_(std::move(spec)), shared_(std::make_shar
   uint64_t time_chunk = 1, any_time_chunk = 1, chunk_row_bytes = 0;
   read_chunks_.resize(arrays_.size());
   cached_.resize(arrays_.size());
-  partial_read_.resize(arrays_.size());
+  prefix_readable_.resize(arrays_.size());
   for (size_t a = 0; a < arrays_.size(); ++a) {
     const auto& meta = arrays_[a].metadata();
     read_chunks_[a] = arrays_[a].read_chunk_shape();
     const auto& chunk = read_chunks_[a];
     const uint64_t planes = chunk[0] * (meta.rank() == 4 ? chunk[1] : 1);
     const CodecChain& codecs = arrays_[a].read_codecs();
-    partial_read_[a] = codecs.is_identity()         ? PartialRead::kRange
-                       : codecs.prefix_saves_work() ? PartialRead::kPrefix
-                                                    : PartialRead::kWhole;
+    prefix_readable_[a] = codecs.prefix_saves_work();
     // An uncompressed plane is read by byte range straight into the batch, as cheaply as from a
     // cache: such arrays need neither the cache nor the chunk-aware order.
-    cached_[a] = planes > 1 && partial_read_[a] != PartialRead::kRange;
+    cached_[a] = planes > 1 && !codecs.is_identity();
     any_time_chunk = std::max(any_time_chunk, chunk[0]);
     if (!cached_[a]) continue;
     time_chunk = std::max(time_chunk, chunk[0]);
@@ -987,7 +985,6 @@ bool Loader::needed_only_as_neighbor(const Piece& piece, std::optional<uint64_t>
 }
 
 uint64_t Loader::planes_to_read_alone(const Piece& piece) const {
-  if (partial_read_[piece.array] == PartialRead::kRange) return 1;
   const auto& chunk = read_chunks_[piece.array];
   uint64_t plane = piece.time % chunk[0];
   if (chunk.size() == 4) plane = plane * chunk[1] + piece.level.value_or(0) % chunk[1];
@@ -997,14 +994,13 @@ uint64_t Loader::planes_to_read_alone(const Piece& piece) const {
 void Loader::choose_reads_alone(std::span<const Piece> pieces, std::optional<uint64_t> batch,
                                 std::vector<Piece>& kept, std::vector<Piece>& alone) {
   // Reading alone costs planes_to_read_alone once per piece: it is chosen only where the codecs
-  // allow a partial read and those costs add up to less than the chunk (with a compressor, a
-  // target step or two past a chunk's end, not a history reaching back into the previous one).
+  // can stop early and those costs add up to less than the chunk (a target step or two past a
+  // chunk's end, not a history reaching back into the previous one).
   std::vector<bool> candidate(pieces.size());
   std::unordered_map<ChunkKey, uint64_t, ChunkKeyHash> alone_planes;  // planes read per chunk
   for (size_t p = 0; p < pieces.size(); ++p) {
     const Piece& piece = pieces[p];
-    bool ok =
-        partial_read_[piece.array] != PartialRead::kWhole && needed_only_as_neighbor(piece, batch);
+    bool ok = prefix_readable_[piece.array] && needed_only_as_neighbor(piece, batch);
     const auto [ys, xs] = chunk_spans(piece);
     for (uint64_t y = ys.first; ok && y <= ys.last; ++y) {
       for (uint64_t x = xs.first; ok && x <= xs.last; ++x)

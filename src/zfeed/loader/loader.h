@@ -294,8 +294,8 @@ class Loader {
   void choose_reads_alone(std::span<const Piece> pieces, std::optional<uint64_t> batch,
                           std::vector<Piece>& kept, std::vector<Piece>& alone);
   bool needed_only_as_neighbor(const Piece& piece, std::optional<uint64_t> batch) const;
-  // The planes reading a piece alone costs: its own where read by byte range; with a compressor
-  // that stops early, the chunk's start up to it, in the chunk's C order (time, then level).
+  // The planes reading a piece alone decodes: the chunk's start up to the piece's plane, in the
+  // chunk's C order (time, then level).
   uint64_t planes_to_read_alone(const Piece& piece) const;
   // The read chunks a piece's crop touches along lat and lon (first and last chunk index).
   struct ChunkSpan {
@@ -317,13 +317,9 @@ class Loader {
   std::vector<Source> input_sources_, target_sources_;
   std::vector<std::vector<uint64_t>> read_chunks_;  // per array: its read chunk shape
   std::vector<Channel> input_channels_, target_channels_;
-  std::vector<bool> cached_;  // per array: its read chunks hold several planes
-  // What reading one plane of a read chunk alone costs, per array: nothing less than the whole
-  // chunk (kWhole), decoding the chunk's start up to the plane (kPrefix: a compressor that stops
-  // early), or the plane's bytes alone (kRange: uncompressed, read by byte range).
-  enum class PartialRead { kWhole, kPrefix, kRange };
-  std::vector<PartialRead> partial_read_;
-  std::vector<bool> passable_;  // per array: its chunks may be handed over compressed
+  std::vector<bool> cached_;           // per array: its read chunks hold several planes, compressed
+  std::vector<bool> prefix_readable_;  // per array: decoding the start of a chunk costs less
+  std::vector<bool> passable_;         // per array: its chunks may be handed over compressed
   std::atomic<bool> pass_enabled_{false};
   std::vector<bool> local_;  // per array: stored_locally()
   std::atomic<bool> locate_enabled_{false};
