@@ -89,15 +89,13 @@ class FileStore final : public Store {
     if (::fstat(fd.get(), &info) != 0)
       throw Error(where(key) + ": stat failed: " + errno_text(errno));
     if (S_ISDIR(info.st_mode)) return false;
-    if (static_cast<uint64_t>(info.st_size) != out.size()) {
-      throw Error(where(key) + ": expected " + std::to_string(out.size()) + " bytes, found " +
-                  std::to_string(info.st_size));
-    }
+    check_size(key, static_cast<uint64_t>(info.st_size), out.size());
     read_fully(fd.get(), out, 0, key);
     return true;
   }
 
-  bool read_range_into(std::string_view key, uint64_t offset, MutableByteView out) const override {
+  bool read_range_into(std::string_view key, uint64_t offset, MutableByteView out,
+                       std::optional<uint64_t> expected_size) const override {
     check_key(key);
     FileDescriptor fd(::open(path_of(key).c_str(), O_RDONLY | O_CLOEXEC));
     if (fd.get() < 0) {
@@ -108,6 +106,7 @@ class FileStore final : public Store {
     if (::fstat(fd.get(), &info) != 0)
       throw Error(where(key) + ": stat failed: " + errno_text(errno));
     if (S_ISDIR(info.st_mode)) return false;
+    if (expected_size) check_size(key, static_cast<uint64_t>(info.st_size), *expected_size);
     ByteRange::range(offset, out.size()).resolve(static_cast<uint64_t>(info.st_size), where(key));
     read_fully(fd.get(), out, offset, key);
     return true;

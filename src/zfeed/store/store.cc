@@ -53,19 +53,29 @@ std::vector<std::optional<Bytes>> Store::get_many(std::span<const KeyRange> requ
 bool Store::read_into(std::string_view key, MutableByteView out) const {
   auto value = get(key);
   if (!value) return false;
-  if (value->size() != out.size()) {
-    throw Error(url() + "/" + std::string(key) + ": expected " + std::to_string(out.size()) +
-                " bytes, found " + std::to_string(value->size()));
-  }
+  check_size(key, value->size(), out.size());
   if (!out.empty()) std::memcpy(out.data(), value->data(), out.size());
   return true;
 }
 
-bool Store::read_range_into(std::string_view key, uint64_t offset, MutableByteView out) const {
+bool Store::read_range_into(std::string_view key, uint64_t offset, MutableByteView out,
+                            std::optional<uint64_t> expected_size) const {
+  if (expected_size) {
+    const std::optional<uint64_t> found = size(key);
+    if (!found) return false;
+    check_size(key, *found, *expected_size);
+  }
   Bytes value;
   if (!get_into(key, ByteRange::range(offset, out.size()), value)) return false;
   if (!out.empty()) std::memcpy(out.data(), value.data(), out.size());
   return true;
+}
+
+void Store::check_size(std::string_view key, uint64_t size, uint64_t expected) const {
+  if (size != expected) {
+    throw Error(url() + "/" + std::string(key) + ": expected " + std::to_string(expected) +
+                " bytes, found " + std::to_string(size));
+  }
 }
 
 std::optional<std::string> Store::local_path(std::string_view) const { return std::nullopt; }

@@ -59,9 +59,12 @@ class Store {
   virtual bool read_into(std::string_view key, MutableByteView out) const;
 
   // Reads out.size() bytes of the value from `offset` straight into `out`. Returns false if the
-  // key does not exist; a range past the value's end is an error naming the key. The default
-  // reads then copies; the filesystem store reads in place.
-  virtual bool read_range_into(std::string_view key, uint64_t offset, MutableByteView out) const;
+  // key does not exist; a range past the value's end is an error naming the key, and so is a
+  // value whose size is not `expected_size` where given (a partial read of an uncompressed chunk
+  // checks the chunk's size as a whole read does). The default reads then copies; the filesystem
+  // store reads in place.
+  virtual bool read_range_into(std::string_view key, uint64_t offset, MutableByteView out,
+                               std::optional<uint64_t> expected_size) const;
 
   // The value's size in bytes, or nullopt if the key does not exist.
   virtual std::optional<uint64_t> size(std::string_view key) const = 0;
@@ -91,6 +94,9 @@ class Store {
   // other means (GPUDirect Storage); nullopt for every other store. Where a path is given, the
   // key is checked as get() checks it.
   virtual std::optional<std::string> local_path(std::string_view key) const;
+
+  // Throws naming `key` where a value of `size` bytes should hold `expected`.
+  void check_size(std::string_view key, uint64_t size, uint64_t expected) const;
 
   // Throws if `key` is empty, absolute, or has empty, "." or ".." components.
   static void check_key(std::string_view key);

@@ -107,13 +107,17 @@ TEST_P(StoreContract, ReadIntoExactSize) {
 TEST_P(StoreContract, ReadRangeInto) {
   store_->set("k", as_bytes("abcdef"));
   uint8_t buffer[3] = {};
-  ASSERT_TRUE(store_->read_range_into("k", 2, {buffer, 3}));
+  ASSERT_TRUE(store_->read_range_into("k", 2, {buffer, 3}, std::nullopt));
   EXPECT_EQ(std::string(reinterpret_cast<char*>(buffer), 3), "cde");
-  ASSERT_TRUE(store_->read_range_into("k", 6, {buffer, 0}));
-  EXPECT_FALSE(store_->read_range_into("nope", 0, {buffer, 3}));
-  std::string message = error_of([&] { store_->read_range_into("k", 4, {buffer, 3}); });
+  ASSERT_TRUE(store_->read_range_into("k", 6, {buffer, 0}, 6));
+  EXPECT_FALSE(store_->read_range_into("nope", 0, {buffer, 3}, std::nullopt));
+  EXPECT_FALSE(store_->read_range_into("nope", 0, {buffer, 3}, 6));
+  std::string message = error_of([&] { store_->read_range_into("k", 4, {buffer, 3}, {}); });
   EXPECT_CONTAINS(message, "k");
   EXPECT_CONTAINS(message, "bytes 4..7 is outside the 6-byte value");
+  // The value's size checked where given, before anything is read.
+  message = error_of([&] { store_->read_range_into("k", 0, {buffer, 3}, 8); });
+  EXPECT_CONTAINS(message, "k: expected 8 bytes, found 6");
 }
 
 TEST_P(StoreContract, GetMany) {

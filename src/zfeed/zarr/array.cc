@@ -109,10 +109,16 @@ struct Source {
     if (!store.get_into(key, absolute, out)) throw vanished();
     return true;
   }
-  // Reads out.size() bytes from `at` (within the window) straight into `out`.
-  bool fetch_into(uint64_t at, MutableByteView out) const {
-    if (!windowed) return store.read_range_into(key, at, out);
-    if (!store.read_range_into(key, window_range(at, out.size()).offset, out)) throw vanished();
+  // Reads out.size() bytes from `at` (within the window) straight into `out`, checking that the
+  // value (the window) holds `expected_size` bytes.
+  bool fetch_into(uint64_t at, MutableByteView out, uint64_t expected_size) const {
+    if (!windowed) return store.read_range_into(key, at, out, expected_size);
+    if (length != expected_size) {
+      throw Error(where() + ": chunk holds " + std::to_string(length) + " bytes, expected " +
+                  std::to_string(expected_size));
+    }
+    const ByteRange range = window_range(at, out.size());
+    if (!store.read_range_into(key, range.offset, out, std::nullopt)) throw vanished();
     return true;
   }
   // [at, at + size) of the window, in the store value.
@@ -230,14 +236,16 @@ void read_region(const CodecChain& chain, const Source& source, const Region& re
     const uint64_t end = region_end_offset(spec.shape, region);
     if (end <= begin) return;
     // One run of the chunk that is one run of the output: read straight into place.
+    // Either way the chunk's size is checked, as a whole read checks it.
+    const size_t part_bytes = (end - begin) * item;
     if (is_contiguous(region.count, spec.shape) && is_contiguous(region.count, out_shape) &&
         (region.count[outer] == 1 || region.step[outer] == 1)) {
-      if (!source.fetch_into(begin * item, {direct_out, static_cast<size_t>((end - begin) * item)}))
+      if (!source.fetch_into(begin * item, {direct_out, part_bytes}, spec.num_bytes()))
         fill_region();
       return;
     }
-    ScratchBuffer part;
-    if (!source.fetch(ByteRange::range(begin * item, (end - begin) * item), part.bytes()))
+    ScratchBuffer part(part_bytes);
+    if (!source.fetch_into(begin * item, {part.data(), part_bytes}, spec.num_bytes()))
       return fill_region();
     copy_box(part.data(), BoxRef{spec.shape, start_in_part, region.step}, out, out_box,
              region.count, item);

@@ -490,8 +490,9 @@ TEST(Array, PartialReadsOfUncompressedChunksFetchOnlyTheirBytes) {
   ASSERT_EQ(reads.size(), 2u);  // the index, then the step
   EXPECT_EQ(reads[1].range.kind, ByteRange::Kind::kRange);
   EXPECT_EQ(reads[1].range.length, plane * 4);
-  // An index that gives the second inner chunk half its size: its late steps fail, naming the
-  // shard, and are never read from the bytes after it (the index).
+  // An index that gives the second inner chunk half its size: every read of it fails, naming the
+  // shard and the sizes, and none reads the bytes after it (the index); the first inner chunk
+  // still reads.
   Bytes shard = *store->get("s/c/0/0/0", ByteRange::all());
   const size_t index_at = shard.size() - (2 * 16 + 4);
   uint64_t nbytes = 2 * plane * 4;
@@ -499,18 +500,28 @@ TEST(Array, PartialReadsOfUncompressedChunksFetchOnlyTheirBytes) {
   const uint32_t checksum = crc32c(ByteView{shard.data() + index_at, 2 * 16});
   std::memcpy(shard.data() + index_at + 2 * 16, &checksum, 4);
   store->set("s/c/0/0/0", shard);
+  const Selection first{{1, 2, 1}, {0, 16, 1}, {0, 32, 1}};
+  EXPECT_EQ(read_all<float>(shards, first), model.read(first));
   const Selection early{{4, 5, 1}, {0, 16, 1}, {0, 32, 1}};
-  EXPECT_EQ(read_all<float>(shards, early), model.read(early));
-  EXPECT_CONTAINS(error_of([&] { read_all<float>(shards, late); }), "s/c/0/0/0");
-  EXPECT_CONTAINS(error_of([&] { read_all<float>(shards, late); }), "inner chunk");
+  for (const Selection& selection : {early, late, Selection{{4, 8, 2}, {1, 3, 1}, {0, 32, 7}}}) {
+    const std::string message = error_of([&] { read_all<float>(shards, selection); });
+    EXPECT_CONTAINS(message, "s/c/0/0/0");
+    EXPECT_CONTAINS(message, "chunk holds 4096 bytes, expected 8192");
+  }
 
-  // A chunk cut short: the steps it still holds read; one past its end fails naming the key.
-  Bytes stored = *store->get("u/c/0/0/0", ByteRange::all());
-  stored.resize(stored.size() / 2);
-  store->set("u/c/0/0/0", stored);
-  EXPECT_EQ(read_all<float>(array, step), model.read(step));
-  EXPECT_CONTAINS(error_of([&] { read_all<float>(array, late); }), "u/c/0/0/0");
-  EXPECT_CONTAINS(error_of([&] { read_all<float>(array, late); }), "outside");
+  // A chunk cut short, or too long, fails every read of it naming the key, as a whole read does.
+  const Bytes whole = *store->get("u/c/0/0/0", ByteRange::all());
+  for (const size_t size : {whole.size() / 2, whole.size() + 4}) {
+    Bytes stored = whole;
+    stored.resize(size);
+    store->set("u/c/0/0/0", stored);
+    for (const Selection& selection : {step, crop, array.full_selection()}) {
+      const std::string message = error_of([&] { read_all<float>(array, selection); });
+      EXPECT_CONTAINS(message, "u/c/0/0/0");
+      EXPECT_CONTAINS(message, "expected " + std::to_string(whole.size()) + " bytes, found " +
+                                   std::to_string(size));
+    }
+  }
 }
 
 TEST(Array, NestedShardsPartialAndWhole) {
