@@ -66,13 +66,7 @@ class BytesCodec final : public ArrayToBytesCodec {
   }
 
   void decode(ByteView encoded, const ChunkSpec& spec, uint8_t* out) const override {
-    if (encoded.size() != spec.num_bytes()) {
-      std::string shape;
-      for (uint64_t extent : spec.shape) shape += (shape.empty() ? "" : ", ") + std::to_string(extent);
-      throw Error("chunk holds " + std::to_string(encoded.size()) + " bytes, expected " +
-                  std::to_string(spec.num_bytes()) + " for shape [" + shape + "] of " +
-                  std::string(spec.dtype.name()));
-    }
+    if (encoded.size() != spec.num_bytes()) throw Error(chunk_size_mismatch(encoded.size(), spec));
     if (is_native_layout(spec)) {
       if (!encoded.empty() && encoded.data() != out) std::memcpy(out, encoded.data(), encoded.size());
     } else {

@@ -28,6 +28,14 @@ uint64_t ChunkSpec::num_elements() const {
   return count;
 }
 
+std::string chunk_size_mismatch(uint64_t size, const ChunkSpec& spec) {
+  std::string shape;
+  for (uint64_t extent : spec.shape) shape += (shape.empty() ? "" : ", ") + std::to_string(extent);
+  return "chunk holds " + std::to_string(size) + " bytes, expected " +
+         std::to_string(spec.num_bytes()) + " for shape [" + shape + "] of " +
+         std::string(spec.dtype.name());
+}
+
 std::string Codec::describe() const {
   Json json = to_json();
   std::string text = name();

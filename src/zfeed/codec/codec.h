@@ -29,6 +29,10 @@ struct ChunkSpec {
   uint64_t num_bytes() const { return num_elements() * dtype.size(); }
 };
 
+// "chunk holds 60 bytes, expected 64 for shape [4, 4] of float32": an uncompressed chunk of the
+// wrong size, met by the bytes codec or by a partial read.
+std::string chunk_size_mismatch(uint64_t size, const ChunkSpec& spec);
+
 enum class CodecKind { kArrayToArray, kArrayToBytes, kBytesToBytes };
 
 class Codec {

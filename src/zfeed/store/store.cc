@@ -73,8 +73,9 @@ bool Store::read_range_into(std::string_view key, uint64_t offset, MutableByteVi
 
 void Store::check_size(std::string_view key, uint64_t size, uint64_t expected) const {
   if (size != expected) {
-    throw Error(url() + "/" + std::string(key) + ": expected " + std::to_string(expected) +
-                " bytes, found " + std::to_string(size));
+    throw SizeMismatchError(url() + "/" + std::string(key) + ": expected " +
+                                std::to_string(expected) + " bytes, found " + std::to_string(size),
+                            size, expected);
   }
 }
 

@@ -2,6 +2,7 @@
 // is a zfeed::Error whose message names where it happened and what was wrong.
 #pragma once
 
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -23,6 +24,15 @@ class UnsupportedError : public Error {
 class NotFoundError : public Error {
  public:
   using Error::Error;
+};
+
+// A value whose size is not the one expected (a chunk too short or too long for its shape),
+// with both sizes, so a caller that knows what the value is can say so.
+class SizeMismatchError : public Error {
+ public:
+  SizeMismatchError(const std::string& message, uint64_t found_size, uint64_t expected_size)
+      : Error(message), size(found_size), expected(expected_size) {}
+  uint64_t size, expected;
 };
 
 // Rethrows the exception in flight with `context` ("store/key") put in front of its message,

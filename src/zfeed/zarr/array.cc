@@ -114,8 +114,9 @@ struct Source {
   bool fetch_into(uint64_t at, MutableByteView out, uint64_t expected_size) const {
     if (!windowed) return store.read_range_into(key, at, out, expected_size);
     if (length != expected_size) {
-      throw Error(where() + ": chunk holds " + std::to_string(length) + " bytes, expected " +
-                  std::to_string(expected_size));
+      throw SizeMismatchError(where() + ": holds " + std::to_string(length) + " bytes, expected " +
+                                  std::to_string(expected_size),
+                              length, expected_size);
     }
     const ByteRange range = window_range(at, out.size());
     if (!store.read_range_into(key, range.offset, out, std::nullopt)) throw vanished();
@@ -215,10 +216,23 @@ void read_region(const CodecChain& chain, const Source& source, const Region& re
     return;
   }
 
+  // Uncompressed reads check the chunk's size in the store (the file store from its fstat): a
+  // mismatch is reported as the bytes codec reports it.
+  auto size_checked = [&](auto&& read) {
+    try {
+      return read();
+    } catch (const SizeMismatchError& error) {
+      throw Error(source.where() + ": " + chunk_size_mismatch(error.size, spec));
+    }
+  };
   if (chain.is_identity() && direct && !source.windowed) {
     // Uncompressed and in place: read the file straight into the output.
-    if (!source.store.read_into(source.key, {direct_out, static_cast<size_t>(spec.num_bytes())}))
+    if (!size_checked([&] {
+          return source.store.read_into(source.key,
+                                        {direct_out, static_cast<size_t>(spec.num_bytes())});
+        })) {
       fill_region();
+    }
     return;
   }
   if (chain.is_identity() && !full) {
@@ -240,13 +254,19 @@ void read_region(const CodecChain& chain, const Source& source, const Region& re
     const size_t part_bytes = (end - begin) * item;
     if (is_contiguous(region.count, spec.shape) && is_contiguous(region.count, out_shape) &&
         (region.count[outer] == 1 || region.step[outer] == 1)) {
-      if (!source.fetch_into(begin * item, {direct_out, part_bytes}, spec.num_bytes()))
+      if (!size_checked([&] {
+            return source.fetch_into(begin * item, {direct_out, part_bytes}, spec.num_bytes());
+          })) {
         fill_region();
+      }
       return;
     }
     ScratchBuffer part(part_bytes);
-    if (!source.fetch_into(begin * item, {part.data(), part_bytes}, spec.num_bytes()))
+    if (!size_checked([&] {
+          return source.fetch_into(begin * item, {part.data(), part_bytes}, spec.num_bytes());
+        })) {
       return fill_region();
+    }
     copy_box(part.data(), BoxRef{spec.shape, start_in_part, region.step}, out, out_box,
              region.count, item);
     return;
