@@ -59,18 +59,18 @@
 
 namespace {
 
-using zfeed::Bytes;
 using zfeed::ByteRange;
+using zfeed::Bytes;
 using zfeed::Error;
 using zfeed::Json;
 
 // One read chunk: where its stored bytes are and how many bytes it decodes to.
 struct Unit {
-  std::string file;       // absolute path of the chunk or shard file
-  uint64_t offset = 0;    // byte range inside the file
+  std::string file;     // absolute path of the chunk or shard file
+  uint64_t offset = 0;  // byte range inside the file
   uint64_t length = 0;
-  uint64_t decoded = 0;   // decoded bytes (the full read chunk)
-  bool missing = false;   // not stored: a reader fills it; the limit skips it
+  uint64_t decoded = 0;  // decoded bytes (the full read chunk)
+  bool missing = false;  // not stored: a reader fills it; the limit skips it
 };
 
 struct Layout {
@@ -93,10 +93,12 @@ struct Layout {
 // Accepts a chain of bytes (native) optionally followed by zstd; returns true if zstd is there.
 bool check_chain(const zfeed::CodecChain& chain) {
   const auto& codecs = chain.codecs();
-  bool ok = !codecs.empty() && codecs[0]->name() == "bytes" && chain.is_identity() == (codecs.size() == 1);
+  bool ok = !codecs.empty() && codecs[0]->name() == "bytes" &&
+            chain.is_identity() == (codecs.size() == 1);
   if (ok && codecs.size() == 2 && codecs[1]->name() != "zstd") ok = false;
   if (!ok || codecs.size() > 2) {
-    throw Error("the limit handles bytes or bytes + zstd chunks only, this array has " + chain.describe());
+    throw Error("the limit handles bytes or bytes + zstd chunks only, this array has " +
+                chain.describe());
   }
   return codecs.size() == 2;
 }
@@ -117,12 +119,14 @@ uint64_t ravel(const std::vector<uint64_t>& index, const std::vector<uint64_t>& 
 }
 
 // Resolves every read chunk of the array (in C order over the read-chunk grid) to a byte range.
-std::vector<Unit> resolve_all(const zfeed::zarr::Array& array, const std::string& root, Layout& layout) {
+std::vector<Unit> resolve_all(const zfeed::zarr::Array& array, const std::string& root,
+                              Layout& layout) {
   const auto& meta = array.metadata();
   const zfeed::CodecChain& chain = array.codecs();
   const zfeed::ShardingCodec* sharding = chain.sharding();
   const zfeed::CodecChain& leaf = sharding ? sharding->inner() : chain;
-  if (sharding && sharding->inner().sharding()) throw Error("nested sharding is not handled by the limit");
+  if (sharding && sharding->inner().sharding())
+    throw Error("nested sharding is not handled by the limit");
   layout.compressed = check_chain(leaf);
   layout.codecs = chain.describe();
   layout.read_shape = leaf.spec().shape;
@@ -193,14 +197,16 @@ std::vector<std::vector<uint64_t>> read_sample_file(const std::string& path, siz
     uint64_t value;
     while (fields >> value) index.push_back(value);
     if (index.empty()) continue;
-    if (index.size() != rank) usage("sample line \"" + line + "\" does not have " + std::to_string(rank) + " indices");
+    if (index.size() != rank)
+      usage("sample line \"" + line + "\" does not have " + std::to_string(rank) + " indices");
     sample.push_back(index);
   }
   return sample;
 }
 
 // splitmix64: a seeded sample for standalone use (read_bench.py passes its own list instead).
-std::vector<std::vector<uint64_t>> random_sample(size_t count, uint64_t seed, const std::vector<uint64_t>& grid) {
+std::vector<std::vector<uint64_t>> random_sample(size_t count, uint64_t seed,
+                                                 const std::vector<uint64_t>& grid) {
   uint64_t total = 1;
   for (uint64_t n : grid) total *= n;
   std::vector<std::vector<uint64_t>> sample;
@@ -227,7 +233,8 @@ void read_range(const Unit& unit, uint8_t* out) {
   if (fd < 0) throw Error(unit.file + ": cannot open: " + std::strerror(errno));
   uint64_t done = 0;
   while (done < unit.length) {
-    ssize_t got = ::pread(fd, out + done, unit.length - done, static_cast<off_t>(unit.offset + done));
+    ssize_t got =
+        ::pread(fd, out + done, unit.length - done, static_cast<off_t>(unit.offset + done));
     if (got < 0 && errno == EINTR) continue;
     if (got <= 0) {
       ::close(fd);
@@ -241,7 +248,8 @@ void read_range(const Unit& unit, uint8_t* out) {
 double cpu_seconds() {
   rusage usage{};
   ::getrusage(RUSAGE_SELF, &usage);
-  return usage.ru_utime.tv_sec + usage.ru_stime.tv_sec + (usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) * 1e-6;
+  return usage.ru_utime.tv_sec + usage.ru_stime.tv_sec +
+         (usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) * 1e-6;
 }
 
 struct Measure {
@@ -419,8 +427,13 @@ std::vector<Unit> read_units_file(const std::string& file,
 }
 
 Json to_json(const Measure& m) {
-  return {{"mbps", m.mbps()},        {"seconds", m.seconds}, {"cpu_seconds", m.cpu_seconds}, {"decoded_bytes", m.decoded_bytes},
-          {"stored_bytes", m.stored_bytes}, {"chunks", m.chunks}, {"threads", m.threads}};
+  return {{"mbps", m.mbps()},
+          {"seconds", m.seconds},
+          {"cpu_seconds", m.cpu_seconds},
+          {"decoded_bytes", m.decoded_bytes},
+          {"stored_bytes", m.stored_bytes},
+          {"chunks", m.chunks},
+          {"threads", m.threads}};
 }
 
 }  // namespace
@@ -512,8 +525,9 @@ int main(int argc, char** argv) {
     Json result;
     result["path"] = path;
     result["codecs"] = layout.codecs;
-    result["kind"] = layout.compressed ? "zstd decompression (ZSTD_decompressDCtx) of frames in memory"
-                                       : "open + pread of the stored bytes into memory";
+    result["kind"] = layout.compressed
+                         ? "zstd decompression (ZSTD_decompressDCtx) of frames in memory"
+                         : "open + pread of the stored bytes into memory";
     result["read_chunk_shape"] = layout.read_shape;
     result["read_chunk_bytes"] = layout.read_bytes;
     result["threads"] = threads;
@@ -521,15 +535,15 @@ int main(int argc, char** argv) {
     Measure whole = measure(all, layout.compressed, threads, reps);
     result["whole"] = to_json(whole);
     if (serial_whole) result["whole_serial"] = to_json(measure(all, layout.compressed, 1, reps));
-    std::cerr << "limit " << path << ": whole " << static_cast<int>(whole.mbps()) << " MB/s on " << threads
-              << " threads";
+    std::cerr << "limit " << path << ": whole " << static_cast<int>(whole.mbps()) << " MB/s on "
+              << threads << " threads";
     if (!sampled.empty()) {
       Measure part = measure(sampled, layout.compressed, threads, reps);
       Measure serial = measure(sampled, layout.compressed, 1, reps);
       result["sample"] = to_json(part);
       result["sample_serial"] = to_json(serial);
-      std::cerr << ", sample of " << sampled.size() << ": " << static_cast<int>(part.mbps()) << " MB/s ("
-                << static_cast<int>(serial.mbps()) << " MB/s on one thread)";
+      std::cerr << ", sample of " << sampled.size() << ": " << static_cast<int>(part.mbps())
+                << " MB/s (" << static_cast<int>(serial.mbps()) << " MB/s on one thread)";
     }
     std::cerr << "\n";
     std::string text = result.dump(2);

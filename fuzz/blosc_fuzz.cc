@@ -5,7 +5,10 @@
 namespace {
 
 const zfeed::fuzz::BytesCodecUnderTest& under_test() {
-  static const auto instance = zfeed::fuzz::make_bytes_codec(zfeed::Json::parse(R"({"name": "blosc", "configuration": {"cname": "lz4", "clevel": 5, "shuffle": "shuffle", "typesize": 4, "blocksize": 0}})"), 4096);
+  static const auto instance = zfeed::fuzz::make_bytes_codec(
+      zfeed::Json::parse(
+          R"({"name": "blosc", "configuration": {"cname": "lz4", "clevel": 5, "shuffle": "shuffle", "typesize": 4, "blocksize": 0}})"),
+      4096);
   return instance;
 }
 

@@ -23,22 +23,28 @@ struct ChainCase {
 
 // Keep in step with CHAINS in fuzz/make_corpus.py.
 const ChainCase kCases[] = {
-    {DataTypeId::kInt32, {8, 16},
+    {DataTypeId::kInt32,
+     {8, 16},
      R"([{"name": "transpose", "configuration": {"order": [1, 0]}},
          {"name": "bytes", "configuration": {"endian": "big"}}, {"name": "crc32c"}])"},
-    {DataTypeId::kUInt16, {3, 5, 7},
+    {DataTypeId::kUInt16,
+     {3, 5, 7},
      R"([{"name": "transpose", "configuration": {"order": [2, 0, 1]}},
          {"name": "bytes", "configuration": {"endian": "little"}}])"},
-    {DataTypeId::kFloat64, {16},
+    {DataTypeId::kFloat64,
+     {16},
      R"([{"name": "bytes", "configuration": {"endian": "big"}},
          {"name": "gzip", "configuration": {"level": 1}}, {"name": "crc32c"}])"},
-    {DataTypeId::kComplex64, {4, 6},
+    {DataTypeId::kComplex64,
+     {4, 6},
      R"([{"name": "transpose", "configuration": {"order": [1, 0]}},
          {"name": "bytes", "configuration": {"endian": "big"}},
          {"name": "zstd", "configuration": {"level": 1, "checksum": true}}])"},
-    {DataTypeId::kUInt8, {10, 10},
+    {DataTypeId::kUInt8,
+     {10, 10},
      R"([{"name": "bytes"}, {"name": "crc32c"}, {"name": "crc32c"}])"},
-    {DataTypeId::kInt16, {2, 3, 4, 5},
+    {DataTypeId::kInt16,
+     {2, 3, 4, 5},
      R"([{"name": "transpose", "configuration": {"order": [3, 1, 0, 2]}},
          {"name": "transpose", "configuration": {"order": [1, 0, 3, 2]}},
          {"name": "bytes", "configuration": {"endian": "little"}},
@@ -50,7 +56,8 @@ const std::vector<CodecChain>& chains() {
   static const std::vector<CodecChain> instance = [] {
     std::vector<CodecChain> out;
     for (const auto& c : kCases) {
-      out.push_back(CodecChain::from_json(Json::parse(c.codecs), ChunkSpec{DataType{c.dtype}, c.shape, {}}));
+      out.push_back(
+          CodecChain::from_json(Json::parse(c.codecs), ChunkSpec{DataType{c.dtype}, c.shape, {}}));
     }
     return out;
   }();
@@ -71,6 +78,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   zfeed::Bytes again(n);
   bool ok = expect_error_or_success([&] { chain.decode(reencoded, again.data()); });
   check(ok, chain.describe() + ": decoding its own encoding failed");
-  check(same_bytes(out.data(), again.data(), n), chain.describe() + ": encode/decode round trip changed values");
+  check(same_bytes(out.data(), again.data(), n),
+        chain.describe() + ": encode/decode round trip changed values");
   return 0;
 }

@@ -5,7 +5,8 @@
 namespace {
 
 const zfeed::fuzz::BytesCodecUnderTest& under_test() {
-  static const auto instance = zfeed::fuzz::make_bytes_codec(zfeed::Json::parse(R"({"name": "crc32c"})"), 4096);
+  static const auto instance =
+      zfeed::fuzz::make_bytes_codec(zfeed::Json::parse(R"({"name": "crc32c"})"), 4096);
   return instance;
 }
 

@@ -84,7 +84,8 @@ inline BytesCodecUnderTest make_bytes_codec(const Json& codec_json, uint64_t chu
 //  4. the whole chain decodes the input into a fixed-size chunk (the path reads take);
 //  5. decode_prefix (where the codec can stop early) gives the first bytes of what decode gives,
 //     fails for more than decode gives, and never writes past its buffer on any input.
-inline void fuzz_bytes_codec(const BytesCodecUnderTest& under_test, const uint8_t* data, size_t size) {
+inline void fuzz_bytes_codec(const BytesCodecUnderTest& under_test, const uint8_t* data,
+                             size_t size) {
   const BytesToBytesCodec& codec = *under_test.codec;
   const std::string name = codec.name();
   ByteView input(data, size);
@@ -98,34 +99,39 @@ inline void fuzz_bytes_codec(const BytesCodecUnderTest& under_test, const uint8_
     std::string into_error = error_of([&] { codec.decode_into(input, exact.mutable_view()); });
     check(into_error.empty(), name + ": decode gave " + std::to_string(decoded.size()) +
                                   " bytes but decode_into that size failed: " + into_error);
-    check(same_bytes(exact.data(), decoded.data(), decoded.size()), name + ": decode and decode_into differ");
+    check(same_bytes(exact.data(), decoded.data(), decoded.size()),
+          name + ": decode and decode_into differ");
     if (decoded.size() > 0) {
       Bytes short_buffer(decoded.size() - 1);
-      bool short_ok = expect_error_or_success([&] { codec.decode_into(input, short_buffer.mutable_view()); });
+      bool short_ok =
+          expect_error_or_success([&] { codec.decode_into(input, short_buffer.mutable_view()); });
       check(!short_ok, name + ": decode_into a buffer one byte short succeeded");
     }
     Bytes reencoded = codec.encode(decoded);
     Bytes again;
-    bool round_ok = expect_error_or_success([&] { again = codec.decode(reencoded, kMaxDecodedBytes); });
+    bool round_ok =
+        expect_error_or_success([&] { again = codec.decode(reencoded, kMaxDecodedBytes); });
     check(round_ok, name + ": decoding its own encoding failed");
-    check(again.size() == decoded.size() && same_bytes(again.data(), decoded.data(), decoded.size()),
-          name + ": encode/decode round trip changed the bytes");
+    check(
+        again.size() == decoded.size() && same_bytes(again.data(), decoded.data(), decoded.size()),
+        name + ": encode/decode round trip changed the bytes");
   }
 
   const uint64_t chunk_bytes = under_test.chain.spec().num_bytes();
   Bytes out(chunk_bytes);
   expect_error_or_success([&] { under_test.chain.decode(input, out.data()); });
 
-  for (uint64_t want : {uint64_t{1}, uint64_t{4096}, decoded.size() / 2, decoded.size(),
-                        decoded.size() + 1}) {
+  for (uint64_t want :
+       {uint64_t{1}, uint64_t{4096}, decoded.size() / 2, decoded.size(), decoded.size() + 1}) {
     if (want > kMaxDecodedBytes) continue;
     Bytes prefix(want);
     bool supported = false;
-    const bool prefix_ok =
-        expect_error_or_success([&] { supported = codec.decode_prefix(input, prefix.mutable_view()); });
+    const bool prefix_ok = expect_error_or_success(
+        [&] { supported = codec.decode_prefix(input, prefix.mutable_view()); });
     if (!ok || !prefix_ok || !supported) {
       check(!(ok && want <= decoded.size() && !prefix_ok),
-            name + ": decode succeeded but decode_prefix of " + std::to_string(want) + " bytes failed");
+            name + ": decode succeeded but decode_prefix of " + std::to_string(want) +
+                " bytes failed");
       continue;
     }
     check(want <= decoded.size(), name + ": decode_prefix gave " + std::to_string(want) +

@@ -5,7 +5,9 @@
 namespace {
 
 const zfeed::fuzz::BytesCodecUnderTest& under_test() {
-  static const auto instance = zfeed::fuzz::make_bytes_codec(zfeed::Json::parse(R"({"name": "numcodecs.lz4", "configuration": {"acceleration": 1}})"), 4096);
+  static const auto instance = zfeed::fuzz::make_bytes_codec(
+      zfeed::Json::parse(R"({"name": "numcodecs.lz4", "configuration": {"acceleration": 1}})"),
+      4096);
   return instance;
 }
 

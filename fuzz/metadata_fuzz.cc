@@ -25,7 +25,9 @@ void exercise_sharding(const zfeed::CodecChain& chain) {
   if (sharding == nullptr) return;
   if (sharding->index_size() <= (uint64_t{1} << 16)) {
     std::vector<uint8_t> index_bytes(sharding->index_size(), 0xff);
-    expect_error_or_success([&] { sharding->decode_index({index_bytes.data(), index_bytes.size()}, std::nullopt); });
+    expect_error_or_success([&] {
+      sharding->decode_index({index_bytes.data(), index_bytes.size()}, std::nullopt);
+    });
   }
   exercise_sharding(sharding->inner());
 }
@@ -48,8 +50,8 @@ void check_round_trip_v3(const ArrayMetadata& meta) {
         "zarr.json written by zfeed does not parse: " + written.dump());
   // A v2 null fill value is written as zero (what missing chunks read as).
   const zfeed::FillValue fill = meta.fill_value.is_null ? zfeed::FillValue{} : meta.fill_value;
-  check(again.shape == meta.shape && again.chunk_shape == meta.chunk_shape && again.dtype == meta.dtype &&
-            again.fill_value == fill,
+  check(again.shape == meta.shape && again.chunk_shape == meta.chunk_shape &&
+            again.dtype == meta.dtype && again.fill_value == fill,
         "zarr.json round trip changed the array: " + written.dump());
 }
 
@@ -78,8 +80,8 @@ void parse_v2_array(const Json& zarray, const Json& zattrs) {
   ArrayMetadata again;
   check(expect_error_or_success([&] { again = ArrayMetadata::parse_v2(written, written_attrs); }),
         ".zarray written by zfeed does not parse: " + written.dump());
-  check(again.shape == meta.shape && again.chunk_shape == meta.chunk_shape && again.dtype == meta.dtype &&
-            again.fill_value == meta.fill_value,
+  check(again.shape == meta.shape && again.chunk_shape == meta.chunk_shape &&
+            again.dtype == meta.dtype && again.fill_value == meta.fill_value,
         ".zarray round trip changed the array: " + written.dump());
   check_round_trip_v3(meta);
 }
@@ -92,7 +94,8 @@ void parse_document(const Json& json) {
     expect_error_or_success([&] { GroupMetadata::parse_v3(json); });
     return;
   }
-  // .zmetadata: {"metadata": {"t/.zarray": {...}, "t/.zattrs": {...}}, "zarr_consolidated_format": 1}
+  // .zmetadata: {"metadata": {"t/.zarray": {...}, "t/.zattrs": {...}}, "zarr_consolidated_format":
+  // 1}
   if (json.contains("metadata") && json["metadata"].is_object() && !json.contains("zarr_format")) {
     const Json& documents = json["metadata"];
     for (const auto& item : documents.items()) {
@@ -109,7 +112,8 @@ void parse_document(const Json& json) {
   // A .zarray and its .zattrs in one document: {"zarray": {...}, "zattrs": {...}} (the seeds'
   // form for a pair), else a plain v2 or v3 document.
   if (json.contains("zarray") && !json.contains("zarr_format")) {
-    expect_error_or_success([&] { parse_v2_array(json["zarray"], json.contains("zattrs") ? json["zattrs"] : Json()); });
+    expect_error_or_success(
+        [&] { parse_v2_array(json["zarray"], json.contains("zattrs") ? json["zattrs"] : Json()); });
     return;
   }
   if (json.contains("zarr_format") && json["zarr_format"] == 2) {

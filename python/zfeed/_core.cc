@@ -27,7 +27,8 @@ using zfeed::zarr::Group;
 
 namespace {
 
-zfeed::zarr::Selection make_selection(const std::vector<uint64_t>& starts, const std::vector<uint64_t>& stops,
+zfeed::zarr::Selection make_selection(const std::vector<uint64_t>& starts,
+                                      const std::vector<uint64_t>& stops,
                                       const std::vector<uint64_t>& steps) {
   if (starts.size() != stops.size() || starts.size() != steps.size()) {
     throw zfeed::Error("selection: starts, stops and steps differ in length");
@@ -50,8 +51,8 @@ template <typename AnyBuffer>
 void check_buffer(const AnyBuffer& buffer, uint64_t expected, const char* what) {
   uint64_t nbytes = buffer.nbytes();
   if (nbytes != expected) {
-    throw zfeed::Error(std::string(what) + " buffer holds " + std::to_string(nbytes) + " bytes, the selection needs " +
-                       std::to_string(expected));
+    throw zfeed::Error(std::string(what) + " buffer holds " + std::to_string(nbytes) +
+                       " bytes, the selection needs " + std::to_string(expected));
   }
 }
 
@@ -63,8 +64,10 @@ NB_MODULE(_core, m) {
   m.doc() = "zfeed's C++ engine";
 
   static nb::exception<zfeed::Error> zarr_error(m, "ZarrError", PyExc_RuntimeError);
-  static nb::exception<zfeed::UnsupportedError> unsupported_error(m, "UnsupportedError", zarr_error.ptr());
-  static nb::exception<zfeed::NotFoundError> not_found_error(m, "NodeNotFoundError", zarr_error.ptr());
+  static nb::exception<zfeed::UnsupportedError> unsupported_error(m, "UnsupportedError",
+                                                                  zarr_error.ptr());
+  static nb::exception<zfeed::NotFoundError> not_found_error(m, "NodeNotFoundError",
+                                                             zarr_error.ptr());
 
   // Anything else from the engine (a JSON type error deep in metadata) is still a ZarrError.
   nb::register_exception_translator([](const std::exception_ptr& error, void*) {
@@ -77,14 +80,17 @@ NB_MODULE(_core, m) {
 
   nb::class_<zfeed::Store>(m, "Store")
       .def_prop_ro("url", &zfeed::Store::url)
-      .def("get", [](const zfeed::Store& store, const std::string& key) -> std::optional<nb::bytes> {
-        auto value = store.get(key);
-        if (!value) return std::nullopt;
-        return nb::bytes(reinterpret_cast<const char*>(value->data()), value->size());
-      })
-      .def("set", [](zfeed::Store& store, const std::string& key, nb::bytes value) {
-        store.set(key, zfeed::ByteView(reinterpret_cast<const uint8_t*>(value.c_str()), value.size()));
-      })
+      .def("get",
+           [](const zfeed::Store& store, const std::string& key) -> std::optional<nb::bytes> {
+             auto value = store.get(key);
+             if (!value) return std::nullopt;
+             return nb::bytes(reinterpret_cast<const char*>(value->data()), value->size());
+           })
+      .def("set",
+           [](zfeed::Store& store, const std::string& key, nb::bytes value) {
+             store.set(key, zfeed::ByteView(reinterpret_cast<const uint8_t*>(value.c_str()),
+                                            value.size()));
+           })
       .def("erase", &zfeed::Store::erase)
       .def("list", &zfeed::Store::list, "prefix"_a = "");
 
@@ -95,18 +101,20 @@ NB_MODULE(_core, m) {
       .def_static("open", &Array::open, "store"_a, "path"_a = "")
       .def_static(
           "create",
-          [](std::shared_ptr<zfeed::Store> store, const std::string& path, const std::string& metadata,
-             const std::string& zattrs, bool overwrite) {
+          [](std::shared_ptr<zfeed::Store> store, const std::string& path,
+             const std::string& metadata, const std::string& zattrs, bool overwrite) {
             Json json = parse(metadata);
             zfeed::zarr::ArrayMetadata meta;
             try {
               if (json.is_object() && json.contains("zarr_format") && json["zarr_format"] == 2) {
-                meta = zfeed::zarr::ArrayMetadata::parse_v2(json, zattrs.empty() ? Json() : parse(zattrs));
+                meta = zfeed::zarr::ArrayMetadata::parse_v2(
+                    json, zattrs.empty() ? Json() : parse(zattrs));
               } else {
                 meta = zfeed::zarr::ArrayMetadata::parse_v3(json);
               }
             } catch (...) {
-              zfeed::rethrow_with_context(path.empty() ? "array metadata" : path + ": array metadata");
+              zfeed::rethrow_with_context(path.empty() ? "array metadata"
+                                                       : path + ": array metadata");
             }
             return Array::create(store, path, std::move(meta), overwrite);
           },
@@ -117,7 +125,8 @@ NB_MODULE(_core, m) {
       .def_prop_ro("chunk_shape", [](const Array& a) { return a.metadata().chunk_shape; })
       .def_prop_ro("read_chunk_shape", &Array::read_chunk_shape)
       .def_prop_ro("is_sharded", [](const Array& a) { return a.codecs().sharding() != nullptr; })
-      .def_prop_ro("data_type", [](const Array& a) { return std::string(a.metadata().dtype.name()); })
+      .def_prop_ro("data_type",
+                   [](const Array& a) { return std::string(a.metadata().dtype.name()); })
       .def_prop_ro("zarr_format", [](const Array& a) { return a.metadata().zarr_format; })
       .def_prop_ro("codecs_description", [](const Array& a) { return a.codecs().describe(); })
       .def_prop_ro("inner_codecs_description",
@@ -131,12 +140,16 @@ NB_MODULE(_core, m) {
              return meta.zarr_format == 3 ? meta.to_json_v3().dump() : meta.to_zarray().dump();
            })
       .def("attributes_json", [](const Array& a) { return a.metadata().attributes.dump(); })
-      .def("set_attributes_json", [](Array& a, const std::string& text) { a.set_attributes(parse(text)); })
+      .def("set_attributes_json",
+           [](Array& a, const std::string& text) { a.set_attributes(parse(text)); })
       .def("fill_value_json",
-           [](const Array& a) { return zfeed::fill_value_to_json(a.metadata().fill_value, a.metadata().dtype).dump(); })
+           [](const Array& a) {
+             return zfeed::fill_value_to_json(a.metadata().fill_value, a.metadata().dtype).dump();
+           })
       .def("dimension_names",
            [](const Array& a) {
-             std::optional<std::vector<std::optional<std::string>>> names = a.metadata().dimension_names;
+             std::optional<std::vector<std::optional<std::string>>> names =
+                 a.metadata().dimension_names;
              return names;
            })
       .def("codecs_json", [](const Array& a) { return a.codecs().to_json().dump(); })
@@ -147,8 +160,8 @@ NB_MODULE(_core, m) {
            })
       .def(
           "read",
-          [](const Array& a, const std::vector<uint64_t>& starts, const std::vector<uint64_t>& stops,
-             const std::vector<uint64_t>& steps, Buffer out) {
+          [](const Array& a, const std::vector<uint64_t>& starts,
+             const std::vector<uint64_t>& stops, const std::vector<uint64_t>& steps, Buffer out) {
             auto selection = make_selection(starts, stops, steps);
             check_buffer(out, selection_bytes(a, selection), "output");
             void* data = out.data();
@@ -160,12 +173,15 @@ NB_MODULE(_core, m) {
           "read_many",
           [](const Array& a, const std::vector<std::vector<std::vector<uint64_t>>>& selections,
              std::vector<Buffer> outs) {
-            if (selections.size() != outs.size()) throw zfeed::Error("read_many: selections and outputs differ in number");
+            if (selections.size() != outs.size())
+              throw zfeed::Error("read_many: selections and outputs differ in number");
             std::vector<zfeed::zarr::Selection> parsed;
             std::vector<void*> pointers;
             for (size_t i = 0; i < selections.size(); ++i) {
-              if (selections[i].size() != 3) throw zfeed::Error("read_many: each selection is (starts, stops, steps)");
-              parsed.push_back(make_selection(selections[i][0], selections[i][1], selections[i][2]));
+              if (selections[i].size() != 3)
+                throw zfeed::Error("read_many: each selection is (starts, stops, steps)");
+              parsed.push_back(
+                  make_selection(selections[i][0], selections[i][1], selections[i][2]));
               check_buffer(outs[i], selection_bytes(a, parsed.back()), "output");
               pointers.push_back(outs[i].data());
             }
@@ -175,8 +191,9 @@ NB_MODULE(_core, m) {
           "selections"_a, "outs"_a)
       .def(
           "write",
-          [](const Array& a, const std::vector<uint64_t>& starts, const std::vector<uint64_t>& stops,
-             const std::vector<uint64_t>& steps, ReadOnlyBuffer in) {
+          [](const Array& a, const std::vector<uint64_t>& starts,
+             const std::vector<uint64_t>& stops, const std::vector<uint64_t>& steps,
+             ReadOnlyBuffer in) {
             auto selection = make_selection(starts, stops, steps);
             check_buffer(in, selection_bytes(a, selection), "input");
             const void* data = in.data();
@@ -191,7 +208,8 @@ NB_MODULE(_core, m) {
           "create",
           [](std::shared_ptr<zfeed::Store> store, const std::string& path, int zarr_format,
              const std::string& attributes, bool overwrite) {
-            return Group::create(store, path, zarr_format, attributes.empty() ? Json::object() : parse(attributes),
+            return Group::create(store, path, zarr_format,
+                                 attributes.empty() ? Json::object() : parse(attributes),
                                  overwrite);
           },
           "store"_a, "path"_a = "", "zarr_format"_a = 3, "attributes"_a = "", "overwrite"_a = false)
@@ -200,7 +218,8 @@ NB_MODULE(_core, m) {
       .def_prop_ro("zarr_format", &Group::zarr_format)
       .def_prop_ro("is_consolidated", &Group::is_consolidated)
       .def("attributes_json", [](const Group& g) { return g.attributes().dump(); })
-      .def("set_attributes_json", [](Group& g, const std::string& text) { g.set_attributes(parse(text)); })
+      .def("set_attributes_json",
+           [](Group& g, const std::string& text) { g.set_attributes(parse(text)); })
       .def("members", &Group::members)
       .def("open_member", &Group::open_member, "name"_a)
       .def("consolidate", &Group::consolidate);

@@ -46,14 +46,17 @@ class BytesCodec final : public ArrayToBytesCodec {
   std::string name() const override { return "bytes"; }
   Json to_json() const override {
     Json json = {{"name", "bytes"}};
-    if (endian_) json["configuration"] = {{"endian", *endian_ == Endian::kLittle ? "little" : "big"}};
+    if (endian_)
+      json["configuration"] = {{"endian", *endian_ == Endian::kLittle ? "little" : "big"}};
     return json;
   }
 
   bool is_native_layout(const ChunkSpec& spec) const override {
     return spec.dtype.component_size() == 1 || endian_ == Endian::kLittle;
   }
-  std::optional<uint64_t> encoded_size(const ChunkSpec& spec) const override { return spec.num_bytes(); }
+  std::optional<uint64_t> encoded_size(const ChunkSpec& spec) const override {
+    return spec.num_bytes();
+  }
 
   Bytes encode(const uint8_t* chunk, const ChunkSpec& spec) const override {
     Bytes out(spec.num_bytes());
@@ -68,7 +71,8 @@ class BytesCodec final : public ArrayToBytesCodec {
   void decode(ByteView encoded, const ChunkSpec& spec, uint8_t* out) const override {
     if (encoded.size() != spec.num_bytes()) throw Error(chunk_size_mismatch(encoded.size(), spec));
     if (is_native_layout(spec)) {
-      if (!encoded.empty() && encoded.data() != out) std::memcpy(out, encoded.data(), encoded.size());
+      if (!encoded.empty() && encoded.data() != out)
+        std::memcpy(out, encoded.data(), encoded.size());
     } else {
       byte_swap(encoded.data(), out, encoded.size(), spec.dtype.component_size());
     }

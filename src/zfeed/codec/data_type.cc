@@ -79,7 +79,8 @@ double minifloat_to_double(uint16_t bits, int exponent_bits, int mantissa_bits) 
   } else if (exponent_field == 0) {
     magnitude = std::ldexp(double(mantissa), 1 - bias - mantissa_bits);
   } else {
-    magnitude = std::ldexp(double(mantissa + (1 << mantissa_bits)), exponent_field - bias - mantissa_bits);
+    magnitude =
+        std::ldexp(double(mantissa + (1 << mantissa_bits)), exponent_field - bias - mantissa_bits);
   }
   return negative ? -magnitude : magnitude;
 }
@@ -107,7 +108,8 @@ void parse_float_component(const Json& value, DataType type, size_t size, DataTy
   if (value.is_string() && value.get_ref<const std::string&>().starts_with("0x")) {
     const auto& text = value.get_ref<const std::string&>();
     if (text.size() != 2 + 2 * size) {
-      bad_fill(value, type, "a hex bit pattern needs exactly " + std::to_string(2 * size) + " digits");
+      bad_fill(value, type,
+               "a hex bit pattern needs exactly " + std::to_string(2 * size) + " digits");
     }
     uint64_t bits = 0;
     for (size_t i = 2; i < text.size(); ++i) {
@@ -152,7 +154,8 @@ void store_integer(const Json& value, DataType type, uint8_t* out) {
   T result{};
   if (value.is_number_unsigned()) {
     uint64_t v = value.get<uint64_t>();
-    if (v > static_cast<uint64_t>(std::numeric_limits<T>::max())) bad_fill(value, type, "out of range");
+    if (v > static_cast<uint64_t>(std::numeric_limits<T>::max()))
+      bad_fill(value, type, "out of range");
     result = static_cast<T>(v);
   } else if (value.is_number_integer()) {
     int64_t v = value.get<int64_t>();
@@ -172,7 +175,8 @@ void store_integer(const Json& value, DataType type, uint8_t* out) {
     double v = value.get<double>();
     if (std::floor(v) != v) bad_fill(value, type, "not an integer");
     // Only doubles that are exact integers within 2^53 are accepted; larger ones lost digits.
-    if (std::fabs(v) > 9007199254740992.0) bad_fill(value, type, "too large to be exact as a float");
+    if (std::fabs(v) > 9007199254740992.0)
+      bad_fill(value, type, "too large to be exact as a float");
     if (v < static_cast<double>(std::numeric_limits<T>::min()) ||
         v > static_cast<double>(std::numeric_limits<T>::max())) {
       bad_fill(value, type, "out of range");
@@ -218,7 +222,8 @@ Json float_json(const uint8_t* bytes, size_t size, DataTypeId id) {
     if (bits == canonical_nan) return "NaN";
     static const char* digits = "0123456789abcdef";
     std::string text = "0x";
-    for (int shift = int(size * 8) - 4; shift >= 0; shift -= 4) text += digits[(bits >> shift) & 15];
+    for (int shift = int(size * 8) - 4; shift >= 0; shift -= 4)
+      text += digits[(bits >> shift) & 15];
     return text;
   }
   if (std::isinf(value)) return value > 0 ? "Infinity" : "-Infinity";
@@ -243,7 +248,8 @@ bool DataType::is_signed() const { return id >= DataTypeId::kInt8 && id <= DataT
 std::string DataType::numpy_typestr(Endian endian) const {
   const auto& type = info(id);
   if (type.numpy_kind == 0) {
-    throw UnsupportedError("data type " + std::string(type.name) + " has no NumPy type string (Zarr v2)");
+    throw UnsupportedError("data type " + std::string(type.name) +
+                           " has no NumPy type string (Zarr v2)");
   }
   char order = type.size == 1 ? '|' : endian == Endian::kLittle ? '<' : '>';
   return std::string(1, order) + type.numpy_kind + std::to_string(type.size);
@@ -300,28 +306,49 @@ FillValue parse_fill_value(const Json& value, DataType type, bool allow_null) {
     case DataTypeId::kBool:
       if (value.is_boolean()) {
         out[0] = value.get<bool>() ? 1 : 0;
-      } else if (value.is_number_integer() && (value.get<int64_t>() == 0 || value.get<int64_t>() == 1)) {
+      } else if (value.is_number_integer() &&
+                 (value.get<int64_t>() == 0 || value.get<int64_t>() == 1)) {
         out[0] = uint8_t(value.get<int64_t>());
       } else {
         bad_fill(value, type, "expected true or false");
       }
       break;
-    case DataTypeId::kInt8: store_integer<int8_t>(value, type, out); break;
-    case DataTypeId::kInt16: store_integer<int16_t>(value, type, out); break;
-    case DataTypeId::kInt32: store_integer<int32_t>(value, type, out); break;
-    case DataTypeId::kInt64: store_integer<int64_t>(value, type, out); break;
-    case DataTypeId::kUInt8: store_integer<uint8_t>(value, type, out); break;
-    case DataTypeId::kUInt16: store_integer<uint16_t>(value, type, out); break;
-    case DataTypeId::kUInt32: store_integer<uint32_t>(value, type, out); break;
-    case DataTypeId::kUInt64: store_integer<uint64_t>(value, type, out); break;
+    case DataTypeId::kInt8:
+      store_integer<int8_t>(value, type, out);
+      break;
+    case DataTypeId::kInt16:
+      store_integer<int16_t>(value, type, out);
+      break;
+    case DataTypeId::kInt32:
+      store_integer<int32_t>(value, type, out);
+      break;
+    case DataTypeId::kInt64:
+      store_integer<int64_t>(value, type, out);
+      break;
+    case DataTypeId::kUInt8:
+      store_integer<uint8_t>(value, type, out);
+      break;
+    case DataTypeId::kUInt16:
+      store_integer<uint16_t>(value, type, out);
+      break;
+    case DataTypeId::kUInt32:
+      store_integer<uint32_t>(value, type, out);
+      break;
+    case DataTypeId::kUInt64:
+      store_integer<uint64_t>(value, type, out);
+      break;
     case DataTypeId::kFloat16:
     case DataTypeId::kBFloat16:
     case DataTypeId::kFloat32:
-    case DataTypeId::kFloat64: parse_float_component(value, type, type.size(), type.id, out); break;
+    case DataTypeId::kFloat64:
+      parse_float_component(value, type, type.size(), type.id, out);
+      break;
     case DataTypeId::kComplex64:
     case DataTypeId::kComplex128: {
-      if (!value.is_array() || value.size() != 2) bad_fill(value, type, "expected [real, imaginary]");
-      DataTypeId component = type.id == DataTypeId::kComplex64 ? DataTypeId::kFloat32 : DataTypeId::kFloat64;
+      if (!value.is_array() || value.size() != 2)
+        bad_fill(value, type, "expected [real, imaginary]");
+      DataTypeId component =
+          type.id == DataTypeId::kComplex64 ? DataTypeId::kFloat32 : DataTypeId::kFloat64;
       size_t half = type.component_size();
       parse_float_component(value[0], type, half, component, out);
       parse_float_component(value[1], type, half, component, out + half);
@@ -335,22 +362,32 @@ Json fill_value_to_json(const FillValue& fill, DataType type) {
   if (fill.is_null) return nullptr;
   const uint8_t* bytes = fill.bytes.data();
   switch (type.id) {
-    case DataTypeId::kBool: return Json(bytes[0] != 0);
-    case DataTypeId::kInt8: return integer_json<int8_t>(bytes);
-    case DataTypeId::kInt16: return integer_json<int16_t>(bytes);
-    case DataTypeId::kInt32: return integer_json<int32_t>(bytes);
-    case DataTypeId::kInt64: return integer_json<int64_t>(bytes);
-    case DataTypeId::kUInt8: return integer_json<uint8_t>(bytes);
-    case DataTypeId::kUInt16: return integer_json<uint16_t>(bytes);
-    case DataTypeId::kUInt32: return integer_json<uint32_t>(bytes);
-    case DataTypeId::kUInt64: return integer_json<uint64_t>(bytes);
+    case DataTypeId::kBool:
+      return Json(bytes[0] != 0);
+    case DataTypeId::kInt8:
+      return integer_json<int8_t>(bytes);
+    case DataTypeId::kInt16:
+      return integer_json<int16_t>(bytes);
+    case DataTypeId::kInt32:
+      return integer_json<int32_t>(bytes);
+    case DataTypeId::kInt64:
+      return integer_json<int64_t>(bytes);
+    case DataTypeId::kUInt8:
+      return integer_json<uint8_t>(bytes);
+    case DataTypeId::kUInt16:
+      return integer_json<uint16_t>(bytes);
+    case DataTypeId::kUInt32:
+      return integer_json<uint32_t>(bytes);
+    case DataTypeId::kUInt64:
+      return integer_json<uint64_t>(bytes);
     case DataTypeId::kComplex64:
       return Json::array({float_json(bytes, 4, DataTypeId::kFloat32),
                           float_json(bytes + 4, 4, DataTypeId::kFloat32)});
     case DataTypeId::kComplex128:
       return Json::array({float_json(bytes, 8, DataTypeId::kFloat64),
                           float_json(bytes + 8, 8, DataTypeId::kFloat64)});
-    default: return float_json(bytes, type.size(), type.id);
+    default:
+      return float_json(bytes, type.size(), type.id);
   }
 }
 
@@ -386,7 +423,8 @@ uint16_t double_to_bfloat16(double value) { return double_to_minifloat(value, 8,
 double float16_to_double(uint16_t bits) { return minifloat_to_double(bits, 5, 10); }
 double bfloat16_to_double(uint16_t bits) { return minifloat_to_double(bits, 8, 7); }
 
-uint64_t checked_product(const std::vector<uint64_t>& extents, uint64_t factor, std::string_view what) {
+uint64_t checked_product(const std::vector<uint64_t>& extents, uint64_t factor,
+                         std::string_view what) {
   uint64_t product = factor;
   for (uint64_t extent : extents) {
     if (__builtin_mul_overflow(product, extent, &product)) {

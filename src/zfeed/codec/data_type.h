@@ -40,7 +40,7 @@ struct DataType {
   size_t component_size() const;  // bytes per byte-swapped unit (complex64: 4)
   bool is_float() const;          // float16, bfloat16, float32, float64 (not complex)
   bool is_complex() const;
-  bool is_integer() const;        // signed or unsigned (not bool)
+  bool is_integer() const;  // signed or unsigned (not bool)
   bool is_signed() const;
   std::string_view name() const;  // the v3 name: "float32"
   // NumPy's type string with byte order ("<f4", "|u1", "|b1"); bfloat16 has none and throws.
@@ -81,6 +81,7 @@ double float16_to_double(uint16_t bits);
 double bfloat16_to_double(uint16_t bits);
 
 // Product of the extents, or an error naming `what` if it overflows 64 bits.
-uint64_t checked_product(const std::vector<uint64_t>& extents, uint64_t factor, std::string_view what);
+uint64_t checked_product(const std::vector<uint64_t>& extents, uint64_t factor,
+                         std::string_view what);
 
 }  // namespace zfeed

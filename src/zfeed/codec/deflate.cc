@@ -30,7 +30,9 @@ class DeflateCodec final : public BytesToBytesCodec {
       : container_(container), name_(std::move(name)), level_(level) {}
 
   std::string name() const override { return name_; }
-  Json to_json() const override { return {{"name", name_}, {"configuration", {{"level", level_}}}}; }
+  Json to_json() const override {
+    return {{"name", name_}, {"configuration", {{"level", level_}}}};
+  }
 
   const char* label() const { return container_ == Container::kGzip ? "gzip" : "zlib"; }
 
@@ -45,8 +47,10 @@ class DeflateCodec final : public BytesToBytesCodec {
                        : libdeflate_zlib_compress_bound(compressor, decoded.size());
     Bytes out(bound);
     size_t size = container_ == Container::kGzip
-                      ? libdeflate_gzip_compress(compressor, decoded.data(), decoded.size(), out.data(), bound)
-                      : libdeflate_zlib_compress(compressor, decoded.data(), decoded.size(), out.data(), bound);
+                      ? libdeflate_gzip_compress(compressor, decoded.data(), decoded.size(),
+                                                 out.data(), bound)
+                      : libdeflate_zlib_compress(compressor, decoded.data(), decoded.size(),
+                                                 out.data(), bound);
     libdeflate_free_compressor(compressor);
     if (size == 0) throw Error(std::string(label()) + ": compression failed");
     out.resize(size);
@@ -62,10 +66,12 @@ class DeflateCodec final : public BytesToBytesCodec {
       size_t in_used = 0, out_used = 0;
       libdeflate_result result =
           container_ == Container::kGzip
-              ? libdeflate_gzip_decompress_ex(decompressor, encoded.data() + in_done, encoded.size() - in_done,
-                                              out.data() + out_done, out.size() - out_done, &in_used, &out_used)
-              : libdeflate_zlib_decompress_ex(decompressor, encoded.data() + in_done, encoded.size() - in_done,
-                                              out.data() + out_done, out.size() - out_done, &in_used, &out_used);
+              ? libdeflate_gzip_decompress_ex(decompressor, encoded.data() + in_done,
+                                              encoded.size() - in_done, out.data() + out_done,
+                                              out.size() - out_done, &in_used, &out_used)
+              : libdeflate_zlib_decompress_ex(decompressor, encoded.data() + in_done,
+                                              encoded.size() - in_done, out.data() + out_done,
+                                              out.size() - out_done, &in_used, &out_used);
       if (result == LIBDEFLATE_INSUFFICIENT_SPACE) {
         *too_small = true;
         return 0;
@@ -137,7 +143,8 @@ CodecFactory deflate_factory(Container container, std::string name) {
   return [container, name](const Json& configuration, const ChunkSpec&) -> std::shared_ptr<Codec> {
     CodecConfig config(name, configuration);
     config.reject_unknown({"level"});
-    int level = static_cast<int>(config.integer("level", 0, 9, container == Container::kZlib ? 1 : std::optional<int64_t>()));
+    int level = static_cast<int>(config.integer(
+        "level", 0, 9, container == Container::kZlib ? 1 : std::optional<int64_t>()));
     return std::make_shared<DeflateCodec>(container, name, level);
   };
 }

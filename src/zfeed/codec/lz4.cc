@@ -26,15 +26,16 @@ class Lz4Codec final : public BytesToBytesCodec {
     uint32_t size = static_cast<uint32_t>(decoded.size());
     std::memcpy(out.data(), &size, 4);
     int written = LZ4_compress_fast(reinterpret_cast<const char*>(decoded.data()),
-                                    reinterpret_cast<char*>(out.data() + 4), static_cast<int>(decoded.size()),
-                                    bound, acceleration_);
+                                    reinterpret_cast<char*>(out.data() + 4),
+                                    static_cast<int>(decoded.size()), bound, acceleration_);
     if (written <= 0) throw Error("lz4: compression failed");
     out.resize(4 + static_cast<size_t>(written));
     return out;
   }
 
   static uint32_t header_size(ByteView encoded) {
-    if (encoded.size() < 4) throw Error("lz4: " + std::to_string(encoded.size()) + " bytes is too short for the header");
+    if (encoded.size() < 4)
+      throw Error("lz4: " + std::to_string(encoded.size()) + " bytes is too short for the header");
     uint32_t size;
     std::memcpy(&size, encoded.data(), 4);
     return size;
@@ -43,11 +44,14 @@ class Lz4Codec final : public BytesToBytesCodec {
   void decode_into(ByteView encoded, MutableByteView out) const override {
     uint32_t size = header_size(encoded);
     if (size != out.size()) {
-      throw Error("lz4: header says " + std::to_string(size) + " bytes, expected " + std::to_string(out.size()));
+      throw Error("lz4: header says " + std::to_string(size) + " bytes, expected " +
+                  std::to_string(out.size()));
     }
-    if (out.size() > LZ4_MAX_INPUT_SIZE || encoded.size() - 4 > LZ4_MAX_INPUT_SIZE) throw Error("lz4: block too large");
-    int got = LZ4_decompress_safe(reinterpret_cast<const char*>(encoded.data() + 4), reinterpret_cast<char*>(out.data()),
-                                  static_cast<int>(encoded.size() - 4), static_cast<int>(out.size()));
+    if (out.size() > LZ4_MAX_INPUT_SIZE || encoded.size() - 4 > LZ4_MAX_INPUT_SIZE)
+      throw Error("lz4: block too large");
+    int got = LZ4_decompress_safe(
+        reinterpret_cast<const char*>(encoded.data() + 4), reinterpret_cast<char*>(out.data()),
+        static_cast<int>(encoded.size() - 4), static_cast<int>(out.size()));
     if (got < 0 || static_cast<size_t>(got) != out.size()) {
       throw Error("lz4: corrupt or truncated block (" + std::to_string(encoded.size()) + " bytes)");
     }
@@ -56,15 +60,17 @@ class Lz4Codec final : public BytesToBytesCodec {
   Bytes decode(ByteView encoded, uint64_t max_size) const override {
     uint32_t size = header_size(encoded);
     if (size > max_size) {
-      throw Error("lz4: header says " + std::to_string(size) + " bytes, more than the expected maximum " +
-                  std::to_string(max_size));
+      throw Error("lz4: header says " + std::to_string(size) +
+                  " bytes, more than the expected maximum " + std::to_string(max_size));
     }
     Bytes out(size);
     decode_into(encoded, out.mutable_view());
     return out;
   }
 
-  uint64_t max_encoded_size(uint64_t decoded) const override { return 4 + decoded + decoded / 255 + 16; }
+  uint64_t max_encoded_size(uint64_t decoded) const override {
+    return 4 + decoded + decoded / 255 + 16;
+  }
 
  private:
   int acceleration_;

@@ -23,8 +23,8 @@ std::vector<uint64_t> grid_position(uint64_t chunk, const std::vector<uint64_t>&
 
 }  // namespace
 
-ShardingCodec::ShardingCodec(const ChunkSpec& shard_spec, std::vector<uint64_t> inner_shape, const Json& codecs,
-                             const Json& index_codecs, bool index_at_end)
+ShardingCodec::ShardingCodec(const ChunkSpec& shard_spec, std::vector<uint64_t> inner_shape,
+                             const Json& codecs, const Json& index_codecs, bool index_at_end)
     : shard_spec_(shard_spec), inner_shape_(std::move(inner_shape)), index_at_end_(index_at_end) {
   chunks_per_shard_.resize(inner_shape_.size());
   num_inner_chunks_ = 1;
@@ -32,16 +32,20 @@ ShardingCodec::ShardingCodec(const ChunkSpec& shard_spec, std::vector<uint64_t> 
     chunks_per_shard_[d] = shard_spec.shape[d] / inner_shape_[d];
     num_inner_chunks_ *= chunks_per_shard_[d];
   }
-  inner_ = CodecChain::from_json(codecs, ChunkSpec{shard_spec.dtype, inner_shape_, shard_spec.fill});
+  inner_ =
+      CodecChain::from_json(codecs, ChunkSpec{shard_spec.dtype, inner_shape_, shard_spec.fill});
   std::vector<uint64_t> index_shape = chunks_per_shard_;
   index_shape.push_back(2);
   // Two uint64 per inner chunk: the index's byte count must fit 64 bits like any chunk's.
   checked_product(index_shape, sizeof(uint64_t), "codec sharding_indexed: the shard index");
-  index_chain_ = CodecChain::from_json(index_codecs, ChunkSpec{DataType{DataTypeId::kUInt64}, index_shape, {}});
+  index_chain_ = CodecChain::from_json(index_codecs,
+                                       ChunkSpec{DataType{DataTypeId::kUInt64}, index_shape, {}});
   auto size = index_chain_.encoded_size();
   if (!size) {
-    throw Error("codec sharding_indexed: index_codecs must have a fixed encoded size (such as bytes + crc32c), got " +
-                index_chain_.describe());
+    throw Error(
+        "codec sharding_indexed: index_codecs must have a fixed encoded size (such as bytes + "
+        "crc32c), got " +
+        index_chain_.describe());
   }
   index_size_ = *size;
 }
@@ -64,11 +68,13 @@ std::string ShardingCodec::describe() const {
 std::string ShardingCodec::describe_inner(size_t chunk) const {
   auto position = grid_position(chunk, chunks_per_shard_);
   std::string text = "inner chunk [";
-  for (size_t d = 0; d < position.size(); ++d) text += (d ? ", " : "") + std::to_string(position[d]);
+  for (size_t d = 0; d < position.size(); ++d)
+    text += (d ? ", " : "") + std::to_string(position[d]);
   return text + "]";
 }
 
-ShardIndex ShardingCodec::decode_index(ByteView index_bytes, std::optional<uint64_t> shard_size) const {
+ShardIndex ShardingCodec::decode_index(ByteView index_bytes,
+                                       std::optional<uint64_t> shard_size) const {
   if (index_bytes.size() != index_size_) {
     throw Error("shard index is " + std::to_string(index_bytes.size()) + " bytes, expected " +
                 std::to_string(index_size_));
@@ -86,8 +92,9 @@ ShardIndex ShardingCodec::decode_index(ByteView index_bytes, std::optional<uint6
     uint64_t end;
     bool overflow = __builtin_add_overflow(offset, nbytes, &end);
     if (overflow || (shard_size && end > *shard_size)) {
-      throw Error("shard index entry for " + describe_inner(chunk) + " points to bytes " + std::to_string(offset) +
-                  ".." + (overflow ? std::string("(overflow)") : std::to_string(end)) + " outside the " +
+      throw Error("shard index entry for " + describe_inner(chunk) + " points to bytes " +
+                  std::to_string(offset) + ".." +
+                  (overflow ? std::string("(overflow)") : std::to_string(end)) + " outside the " +
                   (shard_size ? std::to_string(*shard_size) + "-byte " : std::string()) + "shard");
     }
   }
@@ -105,7 +112,8 @@ void ShardingCodec::decode(ByteView encoded, const ChunkSpec& spec, uint8_t* out
   const uint64_t inner_bytes = inner_.spec().num_bytes();
   // When the inner chunks split only the first dimension, each one is contiguous in the shard.
   bool contiguous = true;
-  for (size_t d = 1; d < chunks_per_shard_.size(); ++d) contiguous = contiguous && chunks_per_shard_[d] == 1;
+  for (size_t d = 1; d < chunks_per_shard_.size(); ++d)
+    contiguous = contiguous && chunks_per_shard_[d] == 1;
   ThreadPool::shared().parallel_for(num_inner_chunks_, [&](size_t chunk) {
     auto position = grid_position(chunk, chunks_per_shard_);
     std::vector<uint64_t> origin(position.size());
@@ -147,7 +155,8 @@ Bytes ShardingCodec::encode(const uint8_t* shard, const ChunkSpec& spec) const {
     for (size_t d = 0; d < position.size(); ++d) origin[d] = position[d] * inner_shape_[d];
     Bytes values(inner_bytes);
     std::vector<uint64_t> zero(inner_shape_.size(), 0);
-    copy_box(shard, BoxRef{spec.shape, origin}, values.data(), BoxRef{inner_shape_, zero}, inner_shape_, item);
+    copy_box(shard, BoxRef{spec.shape, origin}, values.data(), BoxRef{inner_shape_, zero},
+             inner_shape_, item);
     // Inner chunks that hold only the fill value are left out, as zarr-python does.
     if (all_equal_fill(values.data(), inner_.spec().num_elements(), spec.fill, spec.dtype)) return;
     encoded[chunk] = inner_.encode(values.data());
@@ -186,29 +195,32 @@ std::shared_ptr<Codec> make_sharding(const Json& configuration, const ChunkSpec&
   config.reject_unknown({"chunk_shape", "codecs", "index_codecs", "index_location"});
   const Json& shape_json = config.require("chunk_shape");
   if (!shape_json.is_array() || shape_json.size() != spec.shape.size()) {
-    config.fail("\"chunk_shape\" must be an array of " + std::to_string(spec.shape.size()) + " integers, got " +
-                shape_json.dump());
+    config.fail("\"chunk_shape\" must be an array of " + std::to_string(spec.shape.size()) +
+                " integers, got " + shape_json.dump());
   }
   std::vector<uint64_t> inner_shape;
   for (size_t d = 0; d < shape_json.size(); ++d) {
-    uint64_t extent = json_to_uint64(shape_json[d], "codec sharding_indexed: chunk_shape[" + std::to_string(d) + "]");
+    uint64_t extent = json_to_uint64(
+        shape_json[d], "codec sharding_indexed: chunk_shape[" + std::to_string(d) + "]");
     if (extent == 0) config.fail("\"chunk_shape\" must be positive, got " + shape_json.dump());
     if (spec.shape[d] % extent != 0) {
-      config.fail("inner chunk_shape " + shape_json.dump() + " does not divide the shard shape in dimension " +
-                  std::to_string(d) + " (" + std::to_string(spec.shape[d]) + ")");
+      config.fail("inner chunk_shape " + shape_json.dump() +
+                  " does not divide the shard shape in dimension " + std::to_string(d) + " (" +
+                  std::to_string(spec.shape[d]) + ")");
     }
     inner_shape.push_back(extent);
   }
   const Json& codecs = config.require("codecs");
-  static const Json kDefaultIndexCodecs =
-      Json::array({{{"name", "bytes"}, {"configuration", {{"endian", "little"}}}}, {{"name", "crc32c"}}});
+  static const Json kDefaultIndexCodecs = Json::array(
+      {{{"name", "bytes"}, {"configuration", {{"endian", "little"}}}}, {{"name", "crc32c"}}});
   const Json* index_codecs = config.find("index_codecs");
   std::string location = config.string("index_location", "end");
   if (location != "start" && location != "end") {
     config.fail("\"index_location\" must be \"start\" or \"end\", got \"" + location + "\"");
   }
   return std::make_shared<ShardingCodec>(spec, std::move(inner_shape), codecs,
-                                         index_codecs ? *index_codecs : kDefaultIndexCodecs, location == "end");
+                                         index_codecs ? *index_codecs : kDefaultIndexCodecs,
+                                         location == "end");
 }
 
 ZFEED_REGISTER_CODEC("sharding_indexed", make_sharding);

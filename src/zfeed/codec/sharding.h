@@ -16,7 +16,9 @@ struct ShardIndex {
   // (offset, nbytes) per inner chunk, in C order over the inner grid.
   std::vector<uint64_t> entries;
 
-  bool is_empty(size_t chunk) const { return entries[2 * chunk] == kEmpty && entries[2 * chunk + 1] == kEmpty; }
+  bool is_empty(size_t chunk) const {
+    return entries[2 * chunk] == kEmpty && entries[2 * chunk + 1] == kEmpty;
+  }
   uint64_t offset(size_t chunk) const { return entries[2 * chunk]; }
   uint64_t nbytes(size_t chunk) const { return entries[2 * chunk + 1]; }
 };

@@ -9,8 +9,8 @@ namespace zfeed {
 namespace {
 
 // out[e] = in[d] where e_i = d_{order[i]}, walking the encoded array in C order.
-void permute(const uint8_t* in, const std::vector<uint64_t>& in_shape, const std::vector<size_t>& order,
-             uint8_t* out, size_t item) {
+void permute(const uint8_t* in, const std::vector<uint64_t>& in_shape,
+             const std::vector<size_t>& order, uint8_t* out, size_t item) {
   const size_t rank = in_shape.size();
   std::vector<uint64_t> in_strides(rank);
   uint64_t stride = item;
@@ -90,13 +90,14 @@ std::shared_ptr<Codec> make_transpose(const Json& configuration, const ChunkSpec
   if (order_json.is_string()) {
     // The pre-release "C"/"F" forms, still found in old stores.
     std::string text = order_json.get<std::string>();
-    if (text != "C" && text != "F") config.fail("\"order\" must be a permutation, got \"" + text + "\"");
+    if (text != "C" && text != "F")
+      config.fail("\"order\" must be a permutation, got \"" + text + "\"");
     for (size_t i = 0; i < rank; ++i) order.push_back(text == "C" ? i : rank - 1 - i);
   } else if (order_json.is_array()) {
     std::vector<bool> seen(rank, false);
     for (const auto& entry : order_json) {
-      if (!entry.is_number_integer() || entry.get<int64_t>() < 0 ||
-          entry.get<uint64_t>() >= rank || seen[entry.get<size_t>()]) {
+      if (!entry.is_number_integer() || entry.get<int64_t>() < 0 || entry.get<uint64_t>() >= rank ||
+          seen[entry.get<size_t>()]) {
         config.fail("\"order\" must be a permutation of 0.." + std::to_string(rank) + "-1, got " +
                     order_json.dump());
       }

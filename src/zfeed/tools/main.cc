@@ -1,12 +1,11 @@
 // The zfeed command: thin verbs over the library.
 #include <CLI/CLI.hpp>
-
 #include <iostream>
 
 #include "zfeed/tools/convert.h"
 #include "zfeed/tools/info.h"
-#include "zfeed/tools/rechunk.h"
 #include "zfeed/tools/python_verb.h"
+#include "zfeed/tools/rechunk.h"
 #include "zfeed/tools/stats.h"
 #include "zfeed/tools/synth.h"
 #include "zfeed/util/error.h"
@@ -15,7 +14,8 @@ int main(int argc, char** argv) {
   CLI::App app{"zfeed: feed Zarr weather and climate data to model training"};
   app.require_subcommand(1);
 
-  auto* info = app.add_subcommand("info", "Show the tree of a Zarr store: shapes, chunks, codecs, sizes");
+  auto* info =
+      app.add_subcommand("info", "Show the tree of a Zarr store: shapes, chunks, codecs, sizes");
   std::string info_path;
   bool info_json = false;
   info->add_option("path", info_path, "store path (a directory, file:// URL)")->required();

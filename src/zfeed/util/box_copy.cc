@@ -55,7 +55,8 @@ std::vector<Dim> simplify(std::span<const uint64_t> count, const std::vector<int
 }
 
 template <size_t N>
-void copy_items(const uint8_t* src, int64_t src_stride, uint8_t* dst, int64_t dst_stride, uint64_t n) {
+void copy_items(const uint8_t* src, int64_t src_stride, uint8_t* dst, int64_t dst_stride,
+                uint64_t n) {
   for (uint64_t i = 0; i < n; ++i) {
     std::memcpy(dst, src, N);
     src += src_stride;
@@ -70,13 +71,19 @@ void copy_run(const uint8_t* src, int64_t src_stride, uint8_t* dst, int64_t dst_
     return;
   }
   switch (item) {
-    case 1: return copy_items<1>(src, src_stride, dst, dst_stride, n);
-    case 2: return copy_items<2>(src, src_stride, dst, dst_stride, n);
-    case 4: return copy_items<4>(src, src_stride, dst, dst_stride, n);
-    case 8: return copy_items<8>(src, src_stride, dst, dst_stride, n);
-    case 16: return copy_items<16>(src, src_stride, dst, dst_stride, n);
+    case 1:
+      return copy_items<1>(src, src_stride, dst, dst_stride, n);
+    case 2:
+      return copy_items<2>(src, src_stride, dst, dst_stride, n);
+    case 4:
+      return copy_items<4>(src, src_stride, dst, dst_stride, n);
+    case 8:
+      return copy_items<8>(src, src_stride, dst, dst_stride, n);
+    case 16:
+      return copy_items<16>(src, src_stride, dst, dst_stride, n);
     default:
-      for (uint64_t i = 0; i < n; ++i) std::memcpy(dst + i * dst_stride, src + i * src_stride, item);
+      for (uint64_t i = 0; i < n; ++i)
+        std::memcpy(dst + i * dst_stride, src + i * src_stride, item);
   }
 }
 
@@ -121,7 +128,8 @@ void copy_box(const uint8_t* src, const BoxRef& src_box, uint8_t* dst, const Box
   }
   const Dim inner = dims.back();
   for_each_run(dims, [&](int64_t src_offset, int64_t dst_offset) {
-    copy_run(src + src_offset, inner.src_stride, dst + dst_offset, inner.dst_stride, inner.count, item_size);
+    copy_run(src + src_offset, inner.src_stride, dst + dst_offset, inner.dst_stride, inner.count,
+             item_size);
   });
 }
 
@@ -146,7 +154,8 @@ void fill_box(uint8_t* dst, const BoxRef& dst_box, std::span<const uint64_t> cou
       std::memset(out, 0, inner.count * item_size);
       return;
     }
-    for (uint64_t i = 0; i < inner.count; ++i) std::memcpy(out + i * inner.dst_stride, pattern, item_size);
+    for (uint64_t i = 0; i < inner.count; ++i)
+      std::memcpy(out + i * inner.dst_stride, pattern, item_size);
   });
 }
 

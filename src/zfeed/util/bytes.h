@@ -81,9 +81,7 @@ class Bytes {
   ByteView view() const { return {data(), size_}; }
   MutableByteView mutable_view() { return {data(), size_}; }
   operator ByteView() const { return view(); }
-  std::string_view as_string() const {
-    return {reinterpret_cast<const char*>(data()), size_};
-  }
+  std::string_view as_string() const { return {reinterpret_cast<const char*>(data()), size_}; }
 
  private:
   std::unique_ptr<uint8_t[]> data_;

@@ -2,7 +2,6 @@
 
 #include <exception>
 #include <new>
-
 #include <nlohmann/json.hpp>
 
 namespace zfeed {

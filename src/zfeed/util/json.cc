@@ -30,8 +30,8 @@ void check_depth(std::string_view text, std::string_view where) {
       in_string = true;
     } else if (c == '[' || c == '{') {
       if (++depth > kMaxJsonDepth) {
-        throw Error(std::string(where) + ": JSON nested deeper than " + std::to_string(kMaxJsonDepth) +
-                    " levels at byte " + std::to_string(i));
+        throw Error(std::string(where) + ": JSON nested deeper than " +
+                    std::to_string(kMaxJsonDepth) + " levels at byte " + std::to_string(i));
       }
     } else if ((c == ']' || c == '}') && depth > 0) {
       --depth;
@@ -56,15 +56,23 @@ Json parse_json(std::string_view text, std::string_view where) {
 
 std::string json_type_name(const Json& value) {
   switch (value.type()) {
-    case Json::value_t::null: return "null";
-    case Json::value_t::object: return "an object";
-    case Json::value_t::array: return "an array";
-    case Json::value_t::string: return "a string";
-    case Json::value_t::boolean: return "a boolean";
+    case Json::value_t::null:
+      return "null";
+    case Json::value_t::object:
+      return "an object";
+    case Json::value_t::array:
+      return "an array";
+    case Json::value_t::string:
+      return "a string";
+    case Json::value_t::boolean:
+      return "a boolean";
     case Json::value_t::number_integer:
-    case Json::value_t::number_unsigned: return "an integer";
-    case Json::value_t::number_float: return "a number";
-    default: return "an unexpected JSON value";
+    case Json::value_t::number_unsigned:
+      return "an integer";
+    case Json::value_t::number_float:
+      return "a number";
+    default:
+      return "an unexpected JSON value";
   }
 }
 

@@ -45,7 +45,8 @@ Group Group::open(std::shared_ptr<Store> store, const std::string& path_in) {
   if (auto bytes = store->get(key)) {
     try {
       Json json = parse_json(bytes->as_string(), "invalid JSON");
-      if (json.is_object() && json_string_or(json, "node_type", "") == "array") throw NotFoundError("is an array, not a group");
+      if (json.is_object() && json_string_or(json, "node_type", "") == "array")
+        throw NotFoundError("is an array, not a group");
       return Group(store, path, GroupMetadata::parse_v3(json));
     } catch (...) {
       rethrow_with_context(store->url() + "/" + key);
@@ -55,16 +56,19 @@ Group Group::open(std::shared_ptr<Store> store, const std::string& path_in) {
   if (auto zgroup = read_json(*store, key)) {
     GroupMetadata meta;
     meta.zarr_format = 2;
-    if (!zgroup->is_object() || !(*zgroup).contains("zarr_format") || (*zgroup)["zarr_format"] != 2) {
+    if (!zgroup->is_object() || !(*zgroup).contains("zarr_format") ||
+        (*zgroup)["zarr_format"] != 2) {
       throw Error(store->url() + "/" + key + ": \"zarr_format\" must be 2");
     }
     if (auto attrs = read_json(*store, join_key(path, ".zattrs"))) {
-      if (!attrs->is_object()) throw Error(store->url() + "/" + join_key(path, ".zattrs") + ": must be a JSON object");
+      if (!attrs->is_object())
+        throw Error(store->url() + "/" + join_key(path, ".zattrs") + ": must be a JSON object");
       meta.attributes = *attrs;
     }
     std::string zmetadata_key = join_key(path, ".zmetadata");
     if (auto zmetadata = read_json(*store, zmetadata_key)) {
-      if (!zmetadata->is_object() || !zmetadata->contains("metadata") || !(*zmetadata)["metadata"].is_object()) {
+      if (!zmetadata->is_object() || !zmetadata->contains("metadata") ||
+          !(*zmetadata)["metadata"].is_object()) {
         throw Error(store->url() + "/" + zmetadata_key + ": missing the \"metadata\" object");
       }
       meta.consolidated = regroup_v2_consolidated((*zmetadata)["metadata"]);
@@ -74,11 +78,12 @@ Group Group::open(std::shared_ptr<Store> store, const std::string& path_in) {
   throw NotFoundError(store->url() + "/" + path + ": no Zarr group here (no zarr.json or .zgroup)");
 }
 
-Group Group::create(std::shared_ptr<Store> store, const std::string& path_in, int zarr_format, const Json& attributes,
-                    bool overwrite) {
+Group Group::create(std::shared_ptr<Store> store, const std::string& path_in, int zarr_format,
+                    const Json& attributes, bool overwrite) {
   std::string path = normalize_path(path_in);
   if (zarr_format != 2 && zarr_format != 3) throw Error("zarr_format must be 2 or 3");
-  const bool exists = store->size(join_key(path, "zarr.json")) || store->size(join_key(path, ".zarray")) ||
+  const bool exists = store->size(join_key(path, "zarr.json")) ||
+                      store->size(join_key(path, ".zarray")) ||
                       store->size(join_key(path, ".zgroup"));
   if (exists) {
     if (!overwrite) {
@@ -87,7 +92,8 @@ Group Group::create(std::shared_ptr<Store> store, const std::string& path_in, in
         if (existing.zarr_format() == zarr_format) return existing;
       } catch (const NotFoundError&) {
       }
-      throw Error(store->url() + "/" + path + ": a different Zarr node already exists here (pass overwrite to replace it)");
+      throw Error(store->url() + "/" + path +
+                  ": a different Zarr node already exists here (pass overwrite to replace it)");
     }
     store->erase_prefix(path.empty() ? "" : path + "/");
   }
@@ -144,13 +150,14 @@ Node Group::open_member(const std::string& name) const {
   if (metadata_.consolidated) {
     auto it = metadata_.consolidated->find(name);
     if (it == metadata_.consolidated->end()) {
-      throw NotFoundError(store_->url() + "/" + child + ": no such member in the consolidated metadata");
+      throw NotFoundError(store_->url() + "/" + child +
+                          ": no such member in the consolidated metadata");
     }
     const Json& doc = *it;
     try {
       if (doc.contains(".zarray")) {
-        return Array::from_metadata(store_, child,
-                                    ArrayMetadata::parse_v2(doc[".zarray"], doc.value(".zattrs", Json())));
+        return Array::from_metadata(
+            store_, child, ArrayMetadata::parse_v2(doc[".zarray"], doc.value(".zattrs", Json())));
       }
       if (doc.contains(".zgroup")) {
         GroupMetadata meta;
@@ -159,7 +166,8 @@ Node Group::open_member(const std::string& name) const {
         meta.consolidated = sub_map(*metadata_.consolidated, name);
         return Group(store_, child, meta);
       }
-      if (json_string_or(doc, "node_type", "") == "array") return Array::from_metadata(store_, child, ArrayMetadata::parse_v3(doc));
+      if (json_string_or(doc, "node_type", "") == "array")
+        return Array::from_metadata(store_, child, ArrayMetadata::parse_v3(doc));
       GroupMetadata meta = GroupMetadata::parse_v3(doc);
       meta.consolidated = sub_map(*metadata_.consolidated, name);
       return Group(store_, child, meta);
@@ -172,15 +180,18 @@ Node Group::open_member(const std::string& name) const {
 
 void Group::consolidate() {
   Json flat = Json::object();  // v3: path -> zarr.json; v2: "path/.zarray" etc.
-  std::function<void(const Group&, const std::string&)> visit = [&](const Group& group, const std::string& prefix) {
-    Group live = Group::open(group.store_, group.path_);  // list the store, not older consolidated data
+  std::function<void(const Group&, const std::string&)> visit = [&](const Group& group,
+                                                                    const std::string& prefix) {
+    Group live =
+        Group::open(group.store_, group.path_);  // list the store, not older consolidated data
     live.metadata_.consolidated.reset();
     for (const auto& name : live.members()) {
       std::string relative = prefix.empty() ? name : prefix + "/" + name;
       Node node = live.open_member(name);
       if (auto* array = std::get_if<Array>(&node)) {
         if (metadata_.zarr_format == 3) {
-          flat[relative] = array->metadata().zarr_format == 3 ? array->metadata().to_json_v3() : Json();
+          flat[relative] =
+              array->metadata().zarr_format == 3 ? array->metadata().to_json_v3() : Json();
         } else {
           flat[relative + "/.zarray"] = array->metadata().to_zarray();
           flat[relative + "/.zattrs"] = array->metadata().to_zattrs();
@@ -224,7 +235,8 @@ Node open_node(std::shared_ptr<Store> store, const std::string& path_in) {
     } catch (...) {
       rethrow_with_context(store->url() + "/" + key);
     }
-    if (json.is_object() && json_string_or(json, "node_type", "") == "group") return Group::open(store, path);
+    if (json.is_object() && json_string_or(json, "node_type", "") == "group")
+      return Group::open(store, path);
     return Array::open(store, path);
   }
   if (store->size(join_key(path, ".zarray"))) return Array::open(store, path);

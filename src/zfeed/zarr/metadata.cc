@@ -27,7 +27,8 @@ const Json& require(const Json& json, std::string_view field) {
 }
 
 bool must_understand_false(const Json& value) {
-  return value.is_object() && value.contains("must_understand") && value["must_understand"] == false;
+  return value.is_object() && value.contains("must_understand") &&
+         value["must_understand"] == false;
 }
 
 void check_format(const Json& json, int expected) {
@@ -80,9 +81,11 @@ ChunkKeyEncoding ChunkKeyEncoding::parse(const Json& value) {
   }
   if (value.contains("configuration")) {
     const Json& configuration = value["configuration"];
-    if (!configuration.is_object()) throw Error("chunk_key_encoding configuration must be an object");
+    if (!configuration.is_object())
+      throw Error("chunk_key_encoding configuration must be an object");
     for (const auto& [key, field] : configuration.items()) {
-      if (key != "separator") throw Error("chunk_key_encoding: unknown configuration field \"" + key + "\"");
+      if (key != "separator")
+        throw Error("chunk_key_encoding: unknown configuration field \"" + key + "\"");
       if (!field.is_string() || (field != "/" && field != ".")) {
         throw Error("chunk_key_encoding separator must be \"/\" or \".\", got " + field.dump());
       }
@@ -106,21 +109,25 @@ ArrayMetadata ArrayMetadata::parse_v3(const Json& json) {
     throw Error("\"chunk_grid\" must be an object with a \"name\", got " + grid.dump());
   }
   if (grid["name"] != "regular") {
-    throw UnsupportedError("unsupported chunk_grid \"" + grid["name"].get<std::string>() + "\" (zfeed reads \"regular\")");
+    throw UnsupportedError("unsupported chunk_grid \"" + grid["name"].get<std::string>() +
+                           "\" (zfeed reads \"regular\")");
   }
   if (!grid.contains("configuration") || !grid["configuration"].is_object()) {
     throw Error("chunk_grid: missing \"configuration\"");
   }
-  meta.chunk_shape = parse_extents(require(grid["configuration"], "chunk_shape"), "chunk_shape", true);
+  meta.chunk_shape =
+      parse_extents(require(grid["configuration"], "chunk_shape"), "chunk_shape", true);
   meta.key_encoding = ChunkKeyEncoding::parse(require(json, "chunk_key_encoding"));
   meta.fill_value = parse_fill_value(require(json, "fill_value"), meta.dtype, false);
   meta.codecs = require(json, "codecs");
   if (auto it = json.find("attributes"); it != json.end()) {
-    if (!it->is_object()) throw Error("\"attributes\" must be an object, got " + json_type_name(*it));
+    if (!it->is_object())
+      throw Error("\"attributes\" must be an object, got " + json_type_name(*it));
     meta.attributes = *it;
   }
   if (auto it = json.find("dimension_names"); it != json.end() && !it->is_null()) {
-    if (!it->is_array()) throw Error("\"dimension_names\" must be an array, got " + json_type_name(*it));
+    if (!it->is_array())
+      throw Error("\"dimension_names\" must be an array, got " + json_type_name(*it));
     std::vector<std::optional<std::string>> names;
     for (const auto& name : *it) {
       if (name.is_null()) {
@@ -137,15 +144,17 @@ ArrayMetadata ArrayMetadata::parse_v3(const Json& json) {
     if (!it->is_array()) throw Error("\"storage_transformers\" must be an array");
     if (!it->empty()) throw UnsupportedError("unsupported storage_transformers " + it->dump());
   }
-  static const std::string_view known[] = {"zarr_format", "node_type", "shape", "data_type", "chunk_grid",
-                                           "chunk_key_encoding", "fill_value", "codecs", "attributes",
-                                           "dimension_names", "storage_transformers"};
+  static const std::string_view known[] = {
+      "zarr_format",         "node_type",  "shape",  "data_type",  "chunk_grid",
+      "chunk_key_encoding",  "fill_value", "codecs", "attributes", "dimension_names",
+      "storage_transformers"};
   for (const auto& [key, value] : json.items()) {
     bool is_known = false;
     for (auto name : known) is_known = is_known || key == name;
     if (is_known) continue;
     if (!must_understand_false(value)) {
-      throw UnsupportedError("unknown metadata field \"" + key + "\" (not marked \"must_understand\": false)");
+      throw UnsupportedError("unknown metadata field \"" + key +
+                             "\" (not marked \"must_understand\": false)");
     }
     meta.extra_fields[key] = value;
   }
@@ -155,8 +164,8 @@ ArrayMetadata ArrayMetadata::parse_v3(const Json& json) {
 
 void ArrayMetadata::validate() const {
   if (chunk_shape.size() != shape.size()) {
-    throw Error("chunk_shape has " + std::to_string(chunk_shape.size()) + " dimensions, shape has " +
-                std::to_string(shape.size()));
+    throw Error("chunk_shape has " + std::to_string(chunk_shape.size()) +
+                " dimensions, shape has " + std::to_string(shape.size()));
   }
   for (size_t d = 0; d < chunk_shape.size(); ++d) {
     if (chunk_shape[d] == 0) throw Error("chunk_shape[" + std::to_string(d) + "] must be positive");
@@ -174,7 +183,8 @@ void ArrayMetadata::validate() const {
 
 std::vector<uint64_t> ArrayMetadata::grid_shape() const {
   std::vector<uint64_t> grid(shape.size());
-  for (size_t d = 0; d < shape.size(); ++d) grid[d] = shape[d] / chunk_shape[d] + (shape[d] % chunk_shape[d] != 0);
+  for (size_t d = 0; d < shape.size(); ++d)
+    grid[d] = shape[d] / chunk_shape[d] + (shape[d] % chunk_shape[d] != 0);
   return grid;
 }
 
@@ -208,7 +218,8 @@ Json ArrayMetadata::to_json_v3() const {
 Json v2_compressor_to_codec(const Json& compressor, DataType dtype) {
   (void)dtype;
   if (!compressor.is_object() || !compressor.contains("id") || !compressor["id"].is_string()) {
-    throw Error("\"compressor\" must be null or an object with an \"id\", got " + compressor.dump());
+    throw Error("\"compressor\" must be null or an object with an \"id\", got " +
+                compressor.dump());
   }
   std::string id = compressor["id"].get<std::string>();
   auto field = [&](const char* name, Json fallback) {
@@ -223,19 +234,26 @@ Json v2_compressor_to_codec(const Json& compressor, DataType dtype) {
               {"blocksize", field("blocksize", 0)}}}};
   }
   if (id == "zstd") {
-    return {{"name", "zstd"}, {"configuration", {{"level", field("level", 1)}, {"checksum", field("checksum", false)}}}};
+    return {
+        {"name", "zstd"},
+        {"configuration", {{"level", field("level", 1)}, {"checksum", field("checksum", false)}}}};
   }
-  if (id == "zlib") return {{"name", "numcodecs.zlib"}, {"configuration", {{"level", field("level", 1)}}}};
+  if (id == "zlib")
+    return {{"name", "numcodecs.zlib"}, {"configuration", {{"level", field("level", 1)}}}};
   if (id == "gzip") return {{"name", "gzip"}, {"configuration", {{"level", field("level", 1)}}}};
-  if (id == "lz4") return {{"name", "numcodecs.lz4"}, {"configuration", {{"acceleration", field("acceleration", 1)}}}};
-  throw UnsupportedError("unsupported v2 compressor \"" + id + "\" (zfeed reads blosc, zstd, zlib, gzip, lz4)");
+  if (id == "lz4")
+    return {{"name", "numcodecs.lz4"},
+            {"configuration", {{"acceleration", field("acceleration", 1)}}}};
+  throw UnsupportedError("unsupported v2 compressor \"" + id +
+                         "\" (zfeed reads blosc, zstd, zlib, gzip, lz4)");
 }
 
 Json codec_to_v2_compressor(const Json& codec) {
   std::string name = json_string_or(codec, "name", "");
-  Json configuration = codec.is_object() && codec.contains("configuration") && codec["configuration"].is_object()
-                           ? codec["configuration"]
-                           : Json::object();
+  Json configuration =
+      codec.is_object() && codec.contains("configuration") && codec["configuration"].is_object()
+          ? codec["configuration"]
+          : Json::object();
   if (name == "blosc") {
     Json shuffle = configuration.value("shuffle", Json("noshuffle"));
     int shuffle_number = shuffle == "shuffle" ? 1 : shuffle == "bitshuffle" ? 2 : 0;
@@ -247,10 +265,13 @@ Json codec_to_v2_compressor(const Json& codec) {
             {"blocksize", configuration.value("blocksize", 0)}};
   }
   if (name == "zstd") {
-    return {{"id", "zstd"}, {"level", configuration.value("level", 0)}, {"checksum", configuration.value("checksum", false)}};
+    return {{"id", "zstd"},
+            {"level", configuration.value("level", 0)},
+            {"checksum", configuration.value("checksum", false)}};
   }
   if (name == "gzip") return {{"id", "gzip"}, {"level", configuration.value("level", 1)}};
-  if (name == "numcodecs.zlib" || name == "zlib") return {{"id", "zlib"}, {"level", configuration.value("level", 1)}};
+  if (name == "numcodecs.zlib" || name == "zlib")
+    return {{"id", "zlib"}, {"level", configuration.value("level", 1)}};
   if (name == "numcodecs.lz4" || name == "lz4") {
     return {{"id", "lz4"}, {"acceleration", configuration.value("acceleration", 1)}};
   }
@@ -264,16 +285,19 @@ ArrayMetadata ArrayMetadata::parse_v2(const Json& zarray, const Json& zattrs) {
   meta.shape = parse_extents(require(zarray, "shape"), "shape", false);
   meta.chunk_shape = parse_extents(require(zarray, "chunks"), "chunks", true);
   const Json& dtype = require(zarray, "dtype");
-  if (!dtype.is_string()) throw UnsupportedError("unsupported v2 dtype " + dtype.dump() + " (structured types)");
+  if (!dtype.is_string())
+    throw UnsupportedError("unsupported v2 dtype " + dtype.dump() + " (structured types)");
   meta.dtype = DataType::from_numpy_typestr(dtype.get<std::string>(), &meta.v2_endian);
   meta.fill_value = parse_fill_value(require(zarray, "fill_value"), meta.dtype, true);
   const Json& order = require(zarray, "order");
-  if (order != "C" && order != "F") throw Error("\"order\" must be \"C\" or \"F\", got " + order.dump());
+  if (order != "C" && order != "F")
+    throw Error("\"order\" must be \"C\" or \"F\", got " + order.dump());
   meta.v2_order = order.get<std::string>()[0];
   meta.key_encoding.kind = ChunkKeyEncoding::Kind::kV2;
   meta.key_encoding.separator = '.';
   if (auto it = zarray.find("dimension_separator"); it != zarray.end() && !it->is_null()) {
-    if (*it != "." && *it != "/") throw Error("\"dimension_separator\" must be \".\" or \"/\", got " + it->dump());
+    if (*it != "." && *it != "/")
+      throw Error("\"dimension_separator\" must be \".\" or \"/\", got " + it->dump());
     meta.key_encoding.separator = it->get<std::string>()[0];
   }
   if (auto it = zarray.find("filters"); it != zarray.end() && !it->is_null()) {
@@ -293,11 +317,13 @@ ArrayMetadata ArrayMetadata::parse_v2(const Json& zarray, const Json& zattrs) {
     bytes["configuration"] = {{"endian", meta.v2_endian == Endian::kLittle ? "little" : "big"}};
   }
   codecs.push_back(bytes);
-  if (!meta.v2_compressor.is_null()) codecs.push_back(v2_compressor_to_codec(meta.v2_compressor, meta.dtype));
+  if (!meta.v2_compressor.is_null())
+    codecs.push_back(v2_compressor_to_codec(meta.v2_compressor, meta.dtype));
   meta.codecs = codecs;
 
   if (!zattrs.is_null()) {
-    if (!zattrs.is_object()) throw Error(".zattrs must be a JSON object, got " + json_type_name(zattrs));
+    if (!zattrs.is_object())
+      throw Error(".zattrs must be a JSON object, got " + json_type_name(zattrs));
     meta.attributes = zattrs;
     if (auto it = meta.attributes.find("_ARRAY_DIMENSIONS"); it != meta.attributes.end()) {
       if (it->is_array() && it->size() == meta.shape.size()) {
@@ -353,7 +379,8 @@ GroupMetadata GroupMetadata::parse_v3(const Json& json) {
   for (const auto& [key, value] : json.items()) {
     if (key == "zarr_format" || key == "node_type") continue;
     if (key == "attributes") {
-      if (!value.is_object()) throw Error("\"attributes\" must be an object, got " + json_type_name(value));
+      if (!value.is_object())
+        throw Error("\"attributes\" must be an object, got " + json_type_name(value));
       meta.attributes = value;
     } else if (key == "consolidated_metadata") {
       if (value.is_null()) continue;
@@ -365,7 +392,8 @@ GroupMetadata GroupMetadata::parse_v3(const Json& json) {
       }
       meta.consolidated = value["metadata"];
     } else if (!must_understand_false(value)) {
-      throw UnsupportedError("unknown metadata field \"" + key + "\" (not marked \"must_understand\": false)");
+      throw UnsupportedError("unknown metadata field \"" + key +
+                             "\" (not marked \"must_understand\": false)");
     }
   }
   return meta;
@@ -374,7 +402,8 @@ GroupMetadata GroupMetadata::parse_v3(const Json& json) {
 Json GroupMetadata::to_json_v3() const {
   Json json = {{"zarr_format", 3}, {"node_type", "group"}, {"attributes", attributes}};
   if (consolidated) {
-    json["consolidated_metadata"] = {{"kind", "inline"}, {"must_understand", false}, {"metadata", *consolidated}};
+    json["consolidated_metadata"] = {
+        {"kind", "inline"}, {"must_understand", false}, {"metadata", *consolidated}};
   }
   return json;
 }
