@@ -8,7 +8,7 @@ FUZZ_SECONDS ?= 30
 # One build of the Python package at a time (helpers and CI share build/python).
 LOCK := flock build/.python.lock
 
-.PHONY: all deps build python test test-cpp test-python fuzz demo bench bench-loader format clean
+.PHONY: all deps build python test test-cpp test-python fuzz demo bench bench-loader format format-check clean
 
 all: build python
 
@@ -39,6 +39,7 @@ fuzz:
 	ZFEED_FUZZ_SEED=$${ZFEED_FUZZ_SEED:-1} scripts/fuzz $(FUZZ_SECONDS)
 
 test: deps
+	$(MAKE) format-check
 	$(MAKE) test-cpp
 	$(MAKE) test-python
 	$(MAKE) fuzz
@@ -53,8 +54,15 @@ bench: deps python
 bench-loader: deps python
 	$(PY) -m zfeed.bench --json docs/loader_bench.json --plot docs/loader_bench.png
 
+FORMATTED = $$(git ls-files 'src/*.cc' 'src/*.h' 'src/*.cu' 'python/*.cc' 'python/*.h' 'bench/*.cc' 'fuzz/*.cc' 'fuzz/*.h')
+
 format:
-	clang-format -i $$(git ls-files 'src/*.cc' 'src/*.h' 'python/*.cc' 'bench/*.cc' 'fuzz/*.cc')
+	clang-format -i $(FORMATTED)
+
+# Fails, naming the files, where clang-format would change a C++ or CUDA source.
+format-check:
+	@unformatted=$$(for f in $(FORMATTED); do clang-format --dry-run -Werror "$$f" > /dev/null 2>&1 || echo "$$f"; done); \
+	if [ -n "$$unformatted" ]; then echo "not clang-formatted (make format fixes them):"; echo "$$unformatted"; exit 1; fi
 
 clean:
 	rm -rf build
