@@ -33,6 +33,10 @@ class FileDescriptor {
   FileDescriptor& operator=(const FileDescriptor&) = delete;
   int get() const { return fd_; }
   int release() { return std::exchange(fd_, -1); }
+  void reset(int fd) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = fd;
+  }
 
  private:
   int fd_;
@@ -61,53 +65,31 @@ class FileStore final : public Store {
   }
 
   bool get_into(std::string_view key, ByteRange range, Bytes& out) const override {
-    check_key(key);
-    std::string path = path_of(key);
-    FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-    if (fd.get() < 0) {
-      if (errno == ENOENT || errno == ENOTDIR) return false;
-      throw Error(where(key) + ": cannot open: " + errno_text(errno));
-    }
-    struct stat info {};
-    if (::fstat(fd.get(), &info) != 0)
-      throw Error(where(key) + ": stat failed: " + errno_text(errno));
-    if (S_ISDIR(info.st_mode)) return false;
-    auto [begin, length] = range.resolve(static_cast<uint64_t>(info.st_size), where(key));
+    FileDescriptor fd(-1);
+    uint64_t size = 0;
+    if (!open_value(key, fd, size)) return false;
+    auto [begin, length] = range.resolve(size, where(key));
     out.resize(length);
     read_fully(fd.get(), out.mutable_view(), begin, key);
     return true;
   }
 
   bool read_into(std::string_view key, MutableByteView out) const override {
-    check_key(key);
-    FileDescriptor fd(::open(path_of(key).c_str(), O_RDONLY | O_CLOEXEC));
-    if (fd.get() < 0) {
-      if (errno == ENOENT || errno == ENOTDIR) return false;
-      throw Error(where(key) + ": cannot open: " + errno_text(errno));
-    }
-    struct stat info {};
-    if (::fstat(fd.get(), &info) != 0)
-      throw Error(where(key) + ": stat failed: " + errno_text(errno));
-    if (S_ISDIR(info.st_mode)) return false;
-    check_size(key, static_cast<uint64_t>(info.st_size), out.size());
+    FileDescriptor fd(-1);
+    uint64_t size = 0;
+    if (!open_value(key, fd, size)) return false;
+    check_size(key, size, out.size());
     read_fully(fd.get(), out, 0, key);
     return true;
   }
 
   bool read_range_into(std::string_view key, uint64_t offset, MutableByteView out,
                        std::optional<uint64_t> expected_size) const override {
-    check_key(key);
-    FileDescriptor fd(::open(path_of(key).c_str(), O_RDONLY | O_CLOEXEC));
-    if (fd.get() < 0) {
-      if (errno == ENOENT || errno == ENOTDIR) return false;
-      throw Error(where(key) + ": cannot open: " + errno_text(errno));
-    }
-    struct stat info {};
-    if (::fstat(fd.get(), &info) != 0)
-      throw Error(where(key) + ": stat failed: " + errno_text(errno));
-    if (S_ISDIR(info.st_mode)) return false;
-    if (expected_size) check_size(key, static_cast<uint64_t>(info.st_size), *expected_size);
-    ByteRange::range(offset, out.size()).resolve(static_cast<uint64_t>(info.st_size), where(key));
+    FileDescriptor fd(-1);
+    uint64_t size = 0;
+    if (!open_value(key, fd, size)) return false;
+    if (expected_size) check_size(key, size, *expected_size);
+    ByteRange::range(offset, out.size()).resolve(size, where(key));
     read_fully(fd.get(), out, offset, key);
     return true;
   }
@@ -230,6 +212,23 @@ class FileStore final : public Store {
       return m;
     }();
     return mask;
+  }
+
+  // Opens `key`'s file for reading into `fd` and gives its size: false where there is no file
+  // (or a directory) there.
+  bool open_value(std::string_view key, FileDescriptor& fd, uint64_t& size) const {
+    check_key(key);
+    fd.reset(::open(path_of(key).c_str(), O_RDONLY | O_CLOEXEC));
+    if (fd.get() < 0) {
+      if (errno == ENOENT || errno == ENOTDIR) return false;
+      throw Error(where(key) + ": cannot open: " + errno_text(errno));
+    }
+    struct stat info {};
+    if (::fstat(fd.get(), &info) != 0)
+      throw Error(where(key) + ": stat failed: " + errno_text(errno));
+    if (S_ISDIR(info.st_mode)) return false;
+    size = static_cast<uint64_t>(info.st_size);
+    return true;
   }
 
   void read_fully(int fd, MutableByteView out, uint64_t offset, std::string_view key) const {
