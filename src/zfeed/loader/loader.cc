@@ -657,12 +657,11 @@ Loader::Loader(LoaderSpec spec) : spec_(std::move(spec)), shared_(std::make_shar
     const auto& meta = arrays_[a].metadata();
     read_chunks_[a] = arrays_[a].read_chunk_shape();
     const auto& chunk = read_chunks_[a];
-    const uint64_t planes = chunk[0] * (meta.rank() == 4 ? chunk[1] : 1);
     const CodecChain& codecs = arrays_[a].read_codecs();
     prefix_readable_[a] = codecs.prefix_saves_work();
     // An uncompressed plane is read by byte range straight into the batch, as cheaply as from a
     // cache: such arrays need neither the cache nor the chunk-aware order.
-    cached_[a] = planes > 1 && !codecs.is_identity();
+    cached_[a] = planes_per_read_chunk(a) > 1 && !codecs.is_identity();
     any_time_chunk = std::max(any_time_chunk, chunk[0]);
     if (!cached_[a]) continue;
     time_chunk = std::max(time_chunk, chunk[0]);
@@ -682,8 +681,7 @@ Loader::Loader(LoaderSpec spec) : spec_(std::move(spec)), shared_(std::make_shar
       const auto& meta = arrays_[a].metadata();
       const auto& chunk = read_chunks_[a];
       const size_t r = chunk.size();
-      const bool one_plane = chunk[0] == 1 && (r == 3 || chunk[1] == 1);
-      passable_[a] = one_plane && meta.dtype.id == DataTypeId::kFloat32 &&
+      passable_[a] = planes_per_read_chunk(a) == 1 && meta.dtype.id == DataTypeId::kFloat32 &&
                      chunk[r - 2] == meta.shape[r - 2] && chunk[r - 1] == meta.shape[r - 1] &&
                      spec_.pass_compressed(arrays_[a]);
       if (passable_[a]) pass_reason_.clear();
@@ -1017,8 +1015,7 @@ void Loader::choose_reads_alone(std::span<const Piece> pieces, std::optional<uin
   for (size_t p = 0; p < pieces.size(); ++p) {
     const Piece& piece = pieces[p];
     bool read_alone = candidate[p];
-    const auto& chunk = read_chunks_[piece.array];
-    const uint64_t planes = chunk[0] * (chunk.size() == 4 ? chunk[1] : 1);
+    const uint64_t planes = planes_per_read_chunk(piece.array);
     const auto [ys, xs] = chunk_spans(piece);
     for (uint64_t y = ys.first; read_alone && y <= ys.last; ++y) {
       for (uint64_t x = xs.first; read_alone && x <= xs.last; ++x)

@@ -302,6 +302,11 @@ class Loader {
     uint64_t first, last;
   };
   std::array<ChunkSpan, 2> chunk_spans(const Piece& piece) const;
+  // Planes (time steps, times levels) one read chunk of an array holds.
+  uint64_t planes_per_read_chunk(size_t array) const {
+    const auto& chunk = read_chunks_[array];
+    return chunk[0] * (chunk.size() == 4 ? chunk[1] : 1);
+  }
   ChunkKey chunk_key(const Piece& piece, uint64_t y, uint64_t x) const;
   void assemble_batch(uint64_t epoch, std::optional<uint64_t> batch,
                       std::span<const uint64_t> times, void* inputs, void* targets,

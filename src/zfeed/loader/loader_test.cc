@@ -26,12 +26,9 @@ constexpr const char* kUncompressed =
     R"([{"name": "bytes", "configuration": {"endian": "little"}}])";
 constexpr uint64_t kTimes = 12, kLat = 6, kLon = 8, kLevels = 3;
 
-zarr::ArrayMetadata meta(const std::string& dtype, std::vector<uint64_t> shape,
-                         Json attributes = Json::object(), uint64_t time_chunk = 1,
-                         uint64_t level_chunk = 1, const char* codecs = kZstdCodecs) {
-  std::vector<uint64_t> chunks = shape;
-  chunks[0] = time_chunk;
-  if (shape.size() == 4) chunks[1] = level_chunk;
+zarr::ArrayMetadata v3_metadata(const std::string& dtype, const std::vector<uint64_t>& shape,
+                                const std::vector<uint64_t>& chunks, const Json& codecs,
+                                const Json& attributes) {
   Json json = {{"zarr_format", 3},
                {"node_type", "array"},
                {"shape", shape},
@@ -39,9 +36,19 @@ zarr::ArrayMetadata meta(const std::string& dtype, std::vector<uint64_t> shape,
                {"chunk_grid", {{"name", "regular"}, {"configuration", {{"chunk_shape", chunks}}}}},
                {"chunk_key_encoding", {{"name", "default"}}},
                {"fill_value", 0},
-               {"codecs", Json::parse(codecs)},
+               {"codecs", codecs},
                {"attributes", attributes}};
   return zarr::ArrayMetadata::parse_v3(json);
+}
+
+// Whole planes per chunk, `time_chunk` steps (and `level_chunk` levels) each.
+zarr::ArrayMetadata meta(const std::string& dtype, std::vector<uint64_t> shape,
+                         Json attributes = Json::object(), uint64_t time_chunk = 1,
+                         uint64_t level_chunk = 1, const char* codecs = kZstdCodecs) {
+  std::vector<uint64_t> chunks = shape;
+  chunks[0] = time_chunk;
+  if (shape.size() == 4) chunks[1] = level_chunk;
+  return v3_metadata(dtype, shape, chunks, Json::parse(codecs), attributes);
 }
 
 double value_of(int variable, uint64_t t, uint64_t level, uint64_t y, uint64_t x) {
@@ -517,17 +524,7 @@ TEST(Loader, RandomLayoutsAndSpecsDeliverTheWrittenValues) {
         chain = Json::array({{{"name", "sharding_indexed"},
                               {"configuration", {{"chunk_shape", chunks}, {"codecs", chain}}}}});
       }
-      Json json = {
-          {"zarr_format", 3},
-          {"node_type", "array"},
-          {"shape", shape},
-          {"data_type", dtype},
-          {"chunk_grid", {{"name", "regular"}, {"configuration", {{"chunk_shape", grid}}}}},
-          {"chunk_key_encoding", {{"name", "default"}}},
-          {"fill_value", 0},
-          {"codecs", chain},
-          {"attributes", attributes}};
-      return zarr::Array::create(store, name, zarr::ArrayMetadata::parse_v3(json));
+      return zarr::Array::create(store, name, v3_metadata(dtype, shape, grid, chain, attributes));
     };
     auto t2m = create("t2m", "float32", {kTimes, kLat, kLon}, Json::object());
     auto z = create(

@@ -74,15 +74,6 @@ class FileStore final : public Store {
     return true;
   }
 
-  bool read_into(std::string_view key, MutableByteView out) const override {
-    FileDescriptor fd(-1);
-    uint64_t size = 0;
-    if (!open_value(key, fd, size)) return false;
-    check_size(key, size, out.size());
-    read_fully(fd.get(), out, 0, key);
-    return true;
-  }
-
   bool read_range_into(std::string_view key, uint64_t offset, MutableByteView out,
                        std::optional<uint64_t> expected_size) const override {
     FileDescriptor fd(-1);

@@ -50,16 +50,16 @@ std::vector<std::optional<Bytes>> Store::get_many(std::span<const KeyRange> requ
   return results;
 }
 
-bool Store::read_into(std::string_view key, MutableByteView out) const {
-  auto value = get(key);
-  if (!value) return false;
-  check_size(key, value->size(), out.size());
-  if (!out.empty()) std::memcpy(out.data(), value->data(), out.size());
-  return true;
-}
-
 bool Store::read_range_into(std::string_view key, uint64_t offset, MutableByteView out,
                             std::optional<uint64_t> expected_size) const {
+  if (expected_size && offset == 0 && out.size() == *expected_size) {
+    // The whole value: one read, its size checked from what came back.
+    Bytes value;
+    if (!get_into(key, ByteRange::all(), value)) return false;
+    check_size(key, value.size(), *expected_size);
+    if (!out.empty()) std::memcpy(out.data(), value.data(), out.size());
+    return true;
+  }
   if (expected_size) {
     const std::optional<uint64_t> found = size(key);
     if (!found) return false;

@@ -54,9 +54,11 @@ class Store {
   virtual std::vector<std::optional<Bytes>> get_many(std::span<const KeyRange> requests) const;
 
   // Reads the whole value straight into `out`, which must be exactly its size. Returns false if
-  // the key does not exist; throws if the value's size differs from out.size(). The default reads
-  // then copies; the filesystem store reads in place.
-  virtual bool read_into(std::string_view key, MutableByteView out) const;
+  // the key does not exist; throws if the value's size differs from out.size()
+  // (read_range_into from 0, checking the size).
+  bool read_into(std::string_view key, MutableByteView out) const {
+    return read_range_into(key, 0, out, out.size());
+  }
 
   // Reads out.size() bytes of the value from `offset` straight into `out`. Returns false if the
   // key does not exist; a range past the value's end is an error naming the key, and so is a

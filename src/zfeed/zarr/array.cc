@@ -216,59 +216,45 @@ void read_region(const CodecChain& chain, const Source& source, const Region& re
     return;
   }
 
-  // Uncompressed reads check the chunk's size in the store (the file store from its fstat): a
-  // mismatch is reported as the bytes codec reports it.
-  auto size_checked = [&](auto&& read) {
+  if (chain.is_identity()) {
+    // Uncompressed: fetch only the bytes from the region's first element to its last (the whole
+    // chunk, one time step of a chunk of many, a crop of a plane), straight into the output where
+    // that is one run of both. The leading dimensions a partial region takes one element of, and
+    // its start in the next, fold into the byte offset.
+    uint64_t begin = 0, end = spec.num_elements();
+    std::vector<uint64_t> start_in_part = region.start;
+    bool one_run = direct;
+    if (!full) {
+      size_t outer = 0;
+      while (outer + 1 < rank && region.count[outer] == 1) ++outer;
+      std::vector<uint64_t> first(rank, 0);
+      for (size_t d = 0; d <= outer; ++d) {
+        first[d] = region.start[d];
+        start_in_part[d] = 0;
+      }
+      begin = element_offset(first, spec.shape);
+      end = region_end_offset(spec.shape, region);
+      one_run = is_contiguous(region.count, spec.shape) && is_contiguous(region.count, out_shape) &&
+                (region.count[outer] == 1 || region.step[outer] == 1);
+    }
+    if (end <= begin) return;
+    // The store checks the chunk's size (the file store from its fstat), as a decode would: a
+    // mismatch is reported as the bytes codec reports it.
+    const size_t part_bytes = (end - begin) * item;
+    ScratchBuffer part;
+    if (!one_run) part.bytes().resize(part_bytes);
+    uint8_t* target = one_run ? direct_out : part.data();
+    bool found = false;
     try {
-      return read();
+      found = source.fetch_into(begin * item, {target, part_bytes}, spec.num_bytes());
     } catch (const SizeMismatchError& error) {
       throw Error(source.where() + ": " + chunk_size_mismatch(error.size, spec));
     }
-  };
-  if (chain.is_identity() && direct && !source.windowed) {
-    // Uncompressed and in place: read the file straight into the output.
-    if (!size_checked([&] {
-          return source.store.read_into(source.key,
-                                        {direct_out, static_cast<size_t>(spec.num_bytes())});
-        })) {
-      fill_region();
+    if (!found) return fill_region();
+    if (!one_run) {
+      copy_box(part.data(), BoxRef{spec.shape, start_in_part, region.step}, out, out_box,
+               region.count, item);
     }
-    return;
-  }
-  if (chain.is_identity() && !full) {
-    // Uncompressed: fetch only the bytes from the region's first element to its last (one time
-    // step of a chunk of many, a crop of a plane), not the whole chunk. The leading dimensions
-    // the region takes one element of, and its start in the next, fold into the byte offset.
-    size_t outer = 0;
-    while (outer + 1 < rank && region.count[outer] == 1) ++outer;
-    std::vector<uint64_t> first(rank, 0), start_in_part = region.start;
-    for (size_t d = 0; d <= outer; ++d) {
-      first[d] = region.start[d];
-      start_in_part[d] = 0;
-    }
-    const uint64_t begin = element_offset(first, spec.shape);
-    const uint64_t end = region_end_offset(spec.shape, region);
-    if (end <= begin) return;
-    // One run of the chunk that is one run of the output: read straight into place.
-    // Either way the chunk's size is checked, as a whole read checks it.
-    const size_t part_bytes = (end - begin) * item;
-    if (is_contiguous(region.count, spec.shape) && is_contiguous(region.count, out_shape) &&
-        (region.count[outer] == 1 || region.step[outer] == 1)) {
-      if (!size_checked([&] {
-            return source.fetch_into(begin * item, {direct_out, part_bytes}, spec.num_bytes());
-          })) {
-        fill_region();
-      }
-      return;
-    }
-    ScratchBuffer part(part_bytes);
-    if (!size_checked([&] {
-          return source.fetch_into(begin * item, {part.data(), part_bytes}, spec.num_bytes());
-        })) {
-      return fill_region();
-    }
-    copy_box(part.data(), BoxRef{spec.shape, start_in_part, region.step}, out, out_box,
-             region.count, item);
     return;
   }
   ScratchBuffer encoded;
