@@ -134,7 +134,8 @@ def measure_loader(store: Path, device: str, dtype: str, batch_size: int, second
                            "stats": stats}
                     if "device" in stats:
                         d, d0 = stats["device"], stats_start["device"]
-                        copied = d["bytes_to_device"] - d0["bytes_to_device"]
+                        # The bytes of the copies whose time was taken, over that time.
+                        copied = d["copy_bytes_timed"] - d0["copy_bytes_timed"]
                         copy_s = d["copy_s"] - d0["copy_s"]
                         row["copy_gb_per_s"] = copied / copy_s / 1e9 if copy_s > 0 else None
                         row["raw_batch_bytes"] = copied / max(d["copies_timed"] - d0["copies_timed"], 1)

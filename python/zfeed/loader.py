@@ -332,7 +332,8 @@ class Loader:
         bytes_to_device (raw values copied), bytes_delivered (in the output types), host_wait_s
         (waiting for host batches), copy_wait_s (waiting for a copy to free a host buffer), slots
         (device batch buffers), registered_bytes (host batch memory pinned), copy_s (GPU time of
-        the copies), chunks_gpu_decoded, bytes_gpu_decoded, compressed_to_device,
+        the copies, nvCOMP decodes included), copies_timed and copy_bytes_timed (the batches and
+        bytes in copy_s: their ratio is the copy rate), chunks_gpu_decoded, bytes_gpu_decoded, compressed_to_device,
         gpu_decode_failures and last_gpu_decode_error (such batches decode again on the CPU), decode:
         {asked, mode, reason, auto_cpu_ms_per_batch, auto_gpu_ms_per_batch}, and read: {asked, mode
         ("gds" or "compat": cuFile into GPU memory; "host"), reason, chunks_to_device,

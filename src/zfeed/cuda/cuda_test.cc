@@ -217,10 +217,14 @@ TEST(CudaPinnedPool, ReusesBuffersWithinItsBound) {
   third.reset();
   PinnedPool::Buffer big = pool.acquire(2 << 20);  // reuse
   big.reset();
-  PinnedPool::Buffer bigger = pool.acquire((2 << 20) + 1);  // frees the 2 MiB one to fit
-  EXPECT_EQ(pool.bytes_pinned(), (3u << 20) + 1);
+  // 1 MiB lent and 2 MiB free: 2 MiB + 1 more would pass the bound even with the free one gone.
+  EXPECT_THROW(pool.acquire((2 << 20) + 1), Error);
+  EXPECT_EQ(pool.bytes_pinned(), 1u << 20);  // the attempt freed the unused 2 MiB
+  again.reset();
+  PinnedPool::Buffer bigger = pool.acquire((2 << 20) + 1);  // frees the unused 1 MiB to fit
+  EXPECT_EQ(pool.bytes_pinned(), (2u << 20) + 1);
   pool.trim();
-  EXPECT_EQ(pool.bytes_pinned(), (3u << 20) + 1);  // both lent
+  EXPECT_EQ(pool.bytes_pinned(), (2u << 20) + 1);  // lent: trim keeps it
 }
 
 TEST(CudaPinnedPool, BufferOutlivesThePool) {

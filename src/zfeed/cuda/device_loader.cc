@@ -74,6 +74,7 @@ Json DeviceLoaderStats::to_json() const {
               {"copy_wait_s", copy_wait_ns * 1e-9},
               {"copy_s", copy_ns * 1e-9},
               {"copies_timed", copies_timed},
+              {"copy_bytes_timed", copy_bytes_timed},
               {"slots", slots},
               {"registered_bytes", registered_bytes},
               {"chunks_gpu_decoded", chunks_gpu_decoded},
@@ -381,12 +382,14 @@ bool DeviceLoader::enqueue() {
                           cudaMemcpyHostToDevice, stream),
           "cudaMemcpyAsync (batch inputs)");
     stats_.bytes_to_device += in_planes * plane * in_raw;
+    flight.copy.bytes += in_planes * plane * in_raw;
   }
   if (gpu_out < out_planes) {
     check(cudaMemcpyAsync(staging_targets_.data(), host.target_bytes(),
                           out_planes * plane * out_raw, cudaMemcpyHostToDevice, stream),
           "cudaMemcpyAsync (batch targets)");
     stats_.bytes_to_device += out_planes * plane * out_raw;
+    flight.copy.bytes += out_planes * plane * out_raw;
   }
   if (!items_.empty()) {
     try {
@@ -399,6 +402,7 @@ bool DeviceLoader::enqueue() {
     stats_.chunks_gpu_decoded += items_.size();
     stats_.bytes_gpu_decoded += (gpu_in + gpu_out) * plane * 4;
     stats_.compressed_to_device += compressed_bytes;
+    flight.copy.bytes += compressed_bytes;
   }
   flight.copy.copied = std::make_shared<Event>(true);
   flight.copy.copied->record(stream);
@@ -453,6 +457,7 @@ void DeviceLoader::release_copied_host_batches(bool wait_for_all) {
     copy.copied->synchronize();
     stats_.copy_ns += static_cast<uint64_t>(copy.copied->elapsed_ms_since(*copy.started) * 1e6);
     ++stats_.copies_timed;
+    stats_.copy_bytes_timed += copy.bytes;
     copying_.pop_front();
   }
   stats_.copy_wait_ns += since_ns(start);
@@ -473,7 +478,10 @@ std::optional<DeviceBatch> DeviceLoader::next_batch() {
   while (in_flight_.size() < options_.depth + 1 && !host_finished_) {
     if (!enqueue()) break;
   }
-  if (in_flight_.empty()) return std::nullopt;
+  if (in_flight_.empty()) {
+    release_copied_host_batches(true);  // the epoch's last copies: their time is in stats()
+    return std::nullopt;
+  }
   InFlight flight = std::move(in_flight_.front());
   in_flight_.pop_front();
   if (in_flight_.empty() && decoder_ && decoder_->pending()) {
@@ -560,7 +568,15 @@ void DeviceLoader::drain() {
     }
   }
   copy_stream_.synchronize();
+  // Every copy has finished: those not yet timed (the last of an epoch, batches dropped) count
+  // too, or the copy rate (bytes over time) would count bytes without their time.
+  for (InFlight& flight : in_flight_) copying_.push_back(std::move(flight.copy));
   in_flight_.clear();
+  try {
+    release_copied_host_batches(true);
+  } catch (const Error&) {
+    // a failed copy: its time is lost with it
+  }
   copying_.clear();
 }
 

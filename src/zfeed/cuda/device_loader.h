@@ -106,12 +106,13 @@ class DeviceBatch::Handle {
 
 struct DeviceLoaderStats {
   uint64_t batches = 0;
-  uint64_t bytes_to_device = 0;     // host-to-device copy bytes (raw values)
-  uint64_t bytes_delivered = 0;     // device batch bytes in the output types
-  uint64_t host_wait_ns = 0;        // next() waiting for the host loader's batch
-  uint64_t copy_wait_ns = 0;        // next() waiting for a host buffer's copy to finish
-  uint64_t copy_ns = 0;             // GPU time of the host-to-device copies (CUDA events)
+  uint64_t bytes_to_device = 0;  // host-to-device copy bytes (raw values)
+  uint64_t bytes_delivered = 0;  // device batch bytes in the output types
+  uint64_t host_wait_ns = 0;     // next() waiting for the host loader's batch
+  uint64_t copy_wait_ns = 0;     // next() waiting for a host buffer's copy to finish
+  uint64_t copy_ns = 0;  // GPU time of the host-to-device copies (and nvCOMP decodes), by events
   uint64_t copies_timed = 0;        // batches whose copy time is in copy_ns
+  uint64_t copy_bytes_timed = 0;    // the bytes those batches copied (raw and compressed)
   uint64_t slots = 0;               // device output buffers allocated
   uint64_t registered_bytes = 0;    // host batch memory pinned with cudaHostRegister
   uint64_t chunks_gpu_decoded = 0;  // chunks decoded by nvCOMP
@@ -165,6 +166,7 @@ class DeviceLoader {
   struct Copy {
     loader::Batch host;
     std::shared_ptr<Event> started, copied;
+    uint64_t bytes = 0;  // host-to-device bytes between the two events
   };
   struct InFlight {
     DeviceBatch batch;
