@@ -487,7 +487,7 @@ void plan_units(Output& output, uint64_t budget, size_t threads) {
               " is too small: one chunk (or shard) of " + output.name +
               " with the working buffers of " + std::to_string(threads) + " threads needs " +
               mib(need) + "; give --max-memory " + mib(need) +
-              " or more (or fewer threads with ZFEED_NUM_THREADS, or smaller --chunks/--shards)");
+              " or more (or fewer --threads, or smaller --chunks/--shards)");
 }
 
 // Reads the part of `piece` inside `box` into `values` (the box's buffer, output data type).
@@ -1165,7 +1165,11 @@ ConvertResult convert(const ConvertOptions& options) {
   if (options.stack) arguments["stack"] = true;
 
   // The units, within the memory budget.
-  const size_t threads = ThreadPool::shared().size();
+  std::optional<ThreadPool> own_pool;
+  ThreadPool& pool = options.threads == 0 || options.threads == ThreadPool::shared().size()
+                         ? ThreadPool::shared()
+                         : own_pool.emplace(options.threads);
+  const size_t threads = pool.size();
   for (Output& output : outputs) plan_units(output, options.max_memory, threads);
 
   // The output: new, resumed, or replaced with --overwrite.
@@ -1264,7 +1268,7 @@ ConvertResult convert(const ConvertOptions& options) {
   MemoryBudget budget(
       options.max_memory > result.thread_bytes ? options.max_memory - result.thread_bytes : 0);
   std::mutex mutex;
-  ThreadPool::shared().parallel_for(pending.size(), [&](size_t i) {
+  pool.parallel_for(pending.size(), [&](size_t i) {
     const Unit& unit = pending[i];
     const Output& output = outputs[unit.output];
     budget.acquire(output.unit_bytes);

@@ -54,6 +54,10 @@ struct ConvertOptions {
   bool stack = false;
   // Bound on the memory the work units in flight and the threads' buffers take.
   uint64_t max_memory = kDefaultMaxMemory;
+  // Threads that read, convert and write units; 0: the shared pool's (ZFEED_NUM_THREADS, else
+  // one per core). Each has working buffers inside max_memory, so fewer threads fit a smaller
+  // budget.
+  size_t threads = 0;
   // Rechunking: values, data types, fill values and attributes exactly as stored (no CF
   // decoding), and dimensions not named in `chunks` keep the input's chunk extent.
   bool rechunk = false;

@@ -458,6 +458,7 @@ TEST(Rechunk, StaysWithinTheMemoryBudget) {
   options.inputs = {dir / "in.zarr"};
   options.output = dir / "out.zarr";
   options.chunks = {{"time", 1}, {"y", 32}, {"x", 32}};
+  options.threads = 2;  // the budgets below hold for 2 threads' working buffers
   options.max_memory = 2 << 20;
   ConvertResult result = rechunk(options);
   EXPECT_LE(result.thread_bytes + result.peak_unit_bytes, options.max_memory);
@@ -465,6 +466,15 @@ TEST(Rechunk, StaysWithinTheMemoryBudget) {
             read_all_values<float>(dir / "in.zarr", "field"));
   EXPECT_EQ(zarr::Array::open(open_store(dir / "out.zarr"), "field").metadata().chunk_shape,
             (std::vector<uint64_t>{1, 32, 32}));
+
+  // One thread (a pool of its own where the shared one is bigger): half the working buffers.
+  options.output = dir / "one-thread.zarr";
+  options.threads = 1;
+  const ConvertResult one_thread = rechunk(options);
+  EXPECT_EQ(2 * one_thread.thread_bytes, result.thread_bytes);
+  EXPECT_EQ(read_all_values<float>(dir / "one-thread.zarr", "field"),
+            read_all_values<float>(dir / "in.zarr", "field"));
+  options.threads = 2;
 
   // A budget for barely one input chunk row: units split, still within it.
   options.output = dir / "tight.zarr";
@@ -490,6 +500,7 @@ TEST(Rechunk, ResumesAfterAnInterruptionAndEndsIdentical) {
   options.inputs = {dir / "in.zarr"};
   options.output = dir / "whole.zarr";
   options.chunks = {{"time", 1}, {"y", 32}};
+  options.threads = 2;  // the budgets below hold for 2 threads' working buffers
   options.max_memory = 1 << 20;
   rechunk(options);
   options.output = dir / "resumed.zarr";

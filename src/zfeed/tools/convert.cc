@@ -24,6 +24,7 @@ struct Arguments {
   std::string chunks, shards, codec = "zstd:3", variables, concat_dim = "time";
   std::vector<std::string> sel, isel;
   std::string max_memory = "2GiB";
+  size_t threads = 0;
   bool stack = false;
   bool overwrite = false;
   bool quiet = false;
@@ -92,6 +93,10 @@ void add_convert_command(CLI::App& app) {
   cmd->add_option("--max-memory", args.max_memory,
                   "memory bound for the work in flight, e.g. 512MiB, 2GiB, 1.5G")
       ->capture_default_str();
+  cmd->add_option("--threads", args.threads,
+                  "threads that convert units, each with working buffers inside --max-memory "
+                  "(default: ZFEED_NUM_THREADS, else one per core)")
+      ->check(CLI::Range(1, 4096));
   cmd->add_flag("--overwrite", args.overwrite, "replace OUT if it exists");
   cmd->add_flag("--quiet,-q", args.quiet, "no progress line");
   cmd->callback([] {
@@ -118,6 +123,7 @@ int run_convert() {
   options.concat_dim = args.concat_dim;
   options.stack = args.stack;
   options.max_memory = ingest::parse_memory_size(args.max_memory, "--max-memory");
+  options.threads = args.threads;
   for (const auto& text : args.sel) {
     auto [dim, values] = ingest::parse_dim_values(text, "--sel");
     if (options.sel.count(dim)) throw Error("--sel: dimension " + dim + " given twice");

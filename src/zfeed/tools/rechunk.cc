@@ -13,6 +13,7 @@ namespace {
 struct RechunkArgs {
   std::string input, output;
   std::string chunks, shards, codec = "zstd:3", variables, max_memory = "2GiB";
+  size_t threads = 0;
   bool overwrite = false;
   bool quiet = false;
 };
@@ -35,6 +36,7 @@ int run_rechunk(const RechunkArgs& args) {
   }
   options.overwrite = args.overwrite;
   options.max_memory = ingest::parse_memory_size(args.max_memory, "--max-memory");
+  options.threads = args.threads;
   return run_conversion("rechunk", std::move(options), args.quiet);
 }
 
@@ -59,6 +61,10 @@ void add_rechunk_command(CLI::App& app) {
   cmd->add_option("--max-memory", args->max_memory,
                   "memory bound for the work in flight, e.g. 512MiB, 2GiB, 1.5G")
       ->capture_default_str();
+  cmd->add_option("--threads", args->threads,
+                  "threads that convert units, each with working buffers inside --max-memory "
+                  "(default: ZFEED_NUM_THREADS, else one per core)")
+      ->check(CLI::Range(1, 4096));
   cmd->add_flag("--overwrite", args->overwrite, "replace OUT if it exists");
   cmd->add_flag("--quiet,-q", args->quiet, "no progress line");
   cmd->callback([args] {
