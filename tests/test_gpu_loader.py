@@ -275,7 +275,14 @@ def test_chunks_read_by_cufile_into_gpu_memory_decode_as_on_the_cpu(tmp_path, sh
         np.testing.assert_array_equal(bits(torch_to_numpy(got["inputs"])), bits(want["inputs"]))
         np.testing.assert_array_equal(bits(torch_to_numpy(got["targets"])), bits(want["targets"]))
     read = gpu.stats()["device"]["read"]
-    assert read["asked"] == "on" and read["mode"] in ("gds", "compat"), read
+    assert read["asked"] == "on", read
+    if read["mode"] == "host":
+        # cuFile opened but cannot read this file system (an H200 VM without nvidia-fs:
+        # cuFileHandleRegister error 5027): the loader went on with host reads, said why, and the
+        # batches are exact (above).
+        assert "cuFile read failed" in read["reason"] and "gds.zarr/" in read["reason"], read
+        pytest.skip(f"cuFile cannot read files here; the fallback was checked: {read['reason']}")
+    assert read["mode"] in ("gds", "compat"), read
     assert read["chunks_to_device"] > 0 and read["failures"] == 0, read
 
 
