@@ -1,10 +1,15 @@
 """Batches on the GPU (Loader(device="cuda")): equal to the CPU loader's bit for bit (float32,
 float16, bfloat16, labels; NaNs included), into torch and CuPy through DLPack with stream
 semantics, buffers not overwritten while the consumer holds them, exact resume, and the
-ZarrIterableDataset. Without a usable GPU only the error test runs; the rest skip with the reason
-(scripts/gpu-check runs them on a GPU machine)."""
+ZarrIterableDataset; and, anywhere, that torch imports cleanly after zfeed (nvCOMP's library must
+not capture libstdc++). Without a usable GPU the GPU tests skip with the reason (scripts/gpu-check
+runs them on a GPU machine)."""
 
 from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -326,3 +331,32 @@ def test_gds_on_without_gpu_decoding_says_why(tmp_path):
     blosc = make_codec_store(tmp_path / "blosc.zarr", "blosc:lz4:5")
     with pytest.raises(zfeed.UnsupportedError, match="gds='on' reads .* but no array's chunks decode on the GPU"):
         zfeed.Loader(blosc, inputs=NAMES, device="cuda", decode="gpu", gds="on")
+
+
+def test_libstdcxx_is_loaded_before_nvcomp():
+    """The PyPI libnvcomp.so.6 exports its own static copies of libstdc++ code; named before
+    libstdc++ in the module's libraries, it captured libstdc++'s own calls and `import zfeed` then
+    `import torch` crashed in free() on a GPU image. The module must name libstdc++ first."""
+    from zfeed import _core
+    if not zfeed.build_info()["nvcomp"]:
+        pytest.skip("zfeed was built without nvCOMP: nothing to order")
+    if not shutil.which("readelf"):
+        pytest.skip("readelf (binutils) is not installed")
+    dynamic = subprocess.run(["readelf", "-d", _core.__file__], capture_output=True, text=True, check=True).stdout
+    needed = [line.split("[")[1].rstrip("]") for line in dynamic.splitlines() if "(NEEDED)" in line]
+    first = {name: i for i, name in reversed(list(enumerate(needed)))}
+    assert "libnvcomp.so.6" in first and "libstdc++.so.6" in first, needed
+    assert first["libstdc++.so.6"] < first["libnvcomp.so.6"], needed
+
+
+def test_importing_torch_after_zfeed_works():
+    """The crash the order above prevents: `import zfeed` then `import torch` (and their C++ string
+    streams), in a fresh process."""
+    pytest.importorskip("torch")
+    code = ("import zfeed, torch\n"
+            "torch.empty(8, pin_memory=torch.cuda.is_available())\n"
+            "x = torch.arange(6.0).reshape(2, 3)\n"
+            "assert repr(torch.nn.functional.relu(x)).startswith('tensor')\n"
+            "print('ok')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]

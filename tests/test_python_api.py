@@ -368,20 +368,3 @@ def test_importing_after_eccodes_wheels_exits_cleanly():
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
 
-
-def test_libstdcxx_is_loaded_before_nvcomp():
-    """The PyPI libnvcomp.so.6 exports its own static copies of libstdc++ code; named before
-    libstdc++ in the module's libraries, it captured libstdc++'s own calls and `import zfeed` then
-    `import torch` crashed in free() on a GPU image. The module must name libstdc++ first."""
-    import shutil
-    import subprocess
-    from zfeed import _core
-    if not zfeed.build_info()["nvcomp"]:
-        pytest.skip("zfeed was built without nvCOMP: nothing to order")
-    if not shutil.which("readelf"):
-        pytest.skip("readelf (binutils) is not installed")
-    dynamic = subprocess.run(["readelf", "-d", _core.__file__], capture_output=True, text=True, check=True).stdout
-    needed = [line.split("[")[1].rstrip("]") for line in dynamic.splitlines() if "(NEEDED)" in line]
-    first = {name: i for i, name in reversed(list(enumerate(needed)))}
-    assert "libnvcomp.so.6" in first and "libstdc++.so.6" in first, needed
-    assert first["libstdc++.so.6"] < first["libnvcomp.so.6"], needed

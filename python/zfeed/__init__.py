@@ -32,6 +32,23 @@ def _load_core():
     return _core
 
 
+def _load_libstdcxx_first():
+    """Loads the system libstdc++ into the global scope before the module. The module links
+    nvCOMP, whose PyPI library exports a static copy of parts of libstdc++ (string streams,
+    locale); where the module's loading relocated libstdc++ with that copy in reach, libstdc++'s
+    own calls went to it, and a later `import torch` died in free() ("invalid pointer", seen on
+    an H200 image). Loaded first and globally, libstdc++ binds to itself, as when torch is
+    imported first."""
+    if not _sys.platform.startswith("linux"):
+        return
+    import ctypes
+    try:
+        ctypes.CDLL("libstdc++.so.6", mode=_os.RTLD_GLOBAL)
+    except OSError:  # another C++ runtime (musl, clang's): nothing to order
+        pass
+
+
+_load_libstdcxx_first()
 _load_core()
 from ._core import NodeNotFoundError, UnsupportedError, ZarrError  # noqa: E402
 from ._core import build_info, cuda_status, gds_status  # noqa: E402
