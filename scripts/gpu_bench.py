@@ -159,6 +159,29 @@ def run_recipe(store: Path, out: Path, steps: int, batch_size: int, extra: list[
     return json.loads(json_path.read_text())
 
 
+def plot(result: dict, path: Path) -> None:
+    """Bars of the loader rows' decoded GB/s, against the 5 GB/s goal."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        rows = result["loader"]
+        fig, ax = plt.subplots(figsize=(10, 4.5))
+        labels = [f"{r['device']}\n{r['dtype']}\ndecode {r['decode']}".replace(", gds", "\ngds") for r in rows]
+        bars = ax.bar(range(len(rows)), [r["gb_per_s"] for r in rows], color="#1f77b4")
+        ax.bar_label(bars, fmt="%.2f", fontsize=8)
+        ax.set_xticks(range(len(rows)), labels, fontsize=8)
+        ax.axhline(5.0, color="gray", linestyle="--", label="goal 5 GB/s")
+        ax.set_ylabel("decoded GB/s delivered")
+        machine, store = result["machine"], result["store"]
+        ax.set_title(f"zfeed loader, ERA5-like {store['grid']} batches, {machine['gpu']}, {machine['date']}")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+    except Exception as error:  # the numbers matter more than the picture
+        log(f"plot failed: {error}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("build/gpu"))
@@ -171,7 +194,12 @@ def main() -> int:
     parser.add_argument("--train-batch-size", type=int, default=8)
     parser.add_argument("--recipe-args", default="", help="extra arguments of the forecast recipe")
     parser.add_argument("--skip", default="", help="comma-separated: copy,loader,recipe")
+    parser.add_argument("--plot-from", type=Path, help="measure nothing: plot a saved gpu_bench.json into --out")
     args = parser.parse_args()
+    if args.plot_from:
+        args.out.mkdir(parents=True, exist_ok=True)
+        plot(json.loads(args.plot_from.read_text()), args.out / "gpu_bench.png")
+        return 0
     import torch
     import zfeed
 
@@ -256,21 +284,7 @@ def main() -> int:
 
     (args.out / "gpu_bench.json").write_text(json.dumps(result, indent=1, default=str))
     if result["loader"]:
-        try:
-            import matplotlib
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
-            fig, ax = plt.subplots(figsize=(9, 4))
-            labels = [f"{r['device']}\n{r['dtype']}\ndecode {r['decode']}" for r in result["loader"]]
-            ax.bar(labels, [r["gb_per_s"] for r in result["loader"]], color="#1f77b4")
-            ax.axhline(5.0, color="gray", linestyle="--", label="goal 5 GB/s")
-            ax.set_ylabel("decoded GB/s delivered")
-            ax.set_title(f"zfeed loader, ERA5-like {args.grid} batches of {args.batch_size}, {result['machine']['gpu']}")
-            ax.legend()
-            fig.tight_layout()
-            fig.savefig(args.out / "gpu_bench.png", dpi=120)
-        except Exception as error:  # the numbers matter more than the picture
-            log(f"plot failed: {error}")
+        plot(result, args.out / "gpu_bench.png")
     emit(lines)
     return 0
 
