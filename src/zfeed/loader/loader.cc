@@ -866,20 +866,18 @@ void Loader::assemble_batch(uint64_t epoch, std::optional<uint64_t> batch,
   }
   std::vector<Piece> kept, alone;
   choose_reads_alone(cached, batch, kept, alone);
-  read_cached(kept);
   direct.insert(direct.end(), alone.begin(), alone.end());
-  read_direct(direct, memory);
+  read_pieces(kept, direct, memory);
   const uint64_t batch_ns = elapsed_ns(batch_start);
   shared_->batch_ns += batch_ns;
   if (memory) memory->assemble_ns = batch_ns;
 }
 
-// Pieces whose array has one plane per read chunk: read straight into the batch (float32 to
-// float32 decodes in place), then cast and normalized while the plane is still in cache.
-void Loader::read_direct(std::span<const Piece> pieces, BatchMemory* memory) {
+// A piece read alone: straight into the batch (float32 to float32 decodes in place), then cast
+// and normalized while the plane is still in cache; or, handed over compressed, only read.
+void Loader::read_direct_piece(const Piece& piece, BatchMemory* memory) {
   const size_t plane = lat_ * lon_;
-  ThreadPool::shared().parallel_for(pieces.size(), [&](size_t p) {
-    const Piece& piece = pieces[p];
+  {
     const zarr::Array& array = arrays_[piece.array];
     const DataType type = array.metadata().dtype;
     if (piece.compressed >= 0) {  // read only: the consumer decodes
@@ -947,7 +945,7 @@ void Loader::read_direct(std::span<const Piece> pieces, BatchMemory* memory) {
     shared_->assemble_ns += total_ns - decode_end_ns;
     shared_->bytes_read += io.read_bytes - io_before.read_bytes;
     shared_->bytes_decoded += plane * type.size();
-  });
+  }
 }
 
 std::array<Loader::ChunkSpan, 2> Loader::chunk_spans(const Piece& piece) const {
@@ -1028,11 +1026,64 @@ void Loader::choose_reads_alone(std::span<const Piece> pieces, std::optional<uin
 
 // Pieces whose array has several planes per read chunk: the batch's distinct chunks come from the
 // cache or are decoded once (in parallel), then every piece is scattered from them.
-void Loader::read_cached(std::span<const Piece> pieces) {
-  if (pieces.empty()) return;
-  std::unordered_map<ChunkKey, std::shared_ptr<Bytes>, ChunkKeyHash> chunks;
+// The box of a read chunk in its array: [start, start + count) per dimension.
+void Loader::chunk_box(const ChunkKey& key, std::vector<uint64_t>& start,
+                       std::vector<uint64_t>& count) const {
+  const auto& meta = arrays_[key.array].metadata();
+  const auto& chunk = read_chunks_[key.array];
+  start.resize(chunk.size());
+  count.resize(chunk.size());
+  for (size_t d = 0; d < chunk.size(); ++d) {
+    start[d] = key.chunk[d] * chunk[d];
+    count[d] = std::min(chunk[d], meta.shape[d] - start[d]);
+  }
+}
+
+// Scatters a piece from its decoded chunks (cast and normalized on the way).
+void Loader::scatter_cached_piece(const Piece& piece, const ChunkMap& chunks) const {
+  const auto begin = Clock::now();
+  const DataType type = arrays_[piece.array].metadata().dtype;
+  const size_t element = type.size(), out_size = output_size(piece.out);
+  const auto [ys, xs] = chunk_spans(piece);
+  std::vector<uint64_t> start, count;
+  for (uint64_t y = ys.first; y <= ys.last; ++y) {
+    for (uint64_t x = xs.first; x <= xs.last; ++x) {
+      const ChunkKey key = chunk_key(piece, y, x);
+      const Bytes& bytes = *chunks.at(key);
+      chunk_box(key, start, count);
+      const size_t r = start.size();
+      // The plane (time, level) inside the chunk, then the rows of the crop it covers.
+      uint64_t plane_index = piece.time - start[0];
+      if (r == 4) plane_index = plane_index * count[1] + (piece.level.value_or(0) - start[1]);
+      const uint64_t rows = count[r - 2], cols = count[r - 1];
+      const uint64_t y0 = std::max(piece.lat_start, start[r - 2]);
+      const uint64_t y1 = std::min(piece.lat_start + lat_, start[r - 2] + rows);
+      const uint64_t x0 = std::max(piece.lon_start, start[r - 1]);
+      const uint64_t x1 = std::min(piece.lon_start + lon_, start[r - 1] + cols);
+      for (uint64_t row = y0; row < y1; ++row) {
+        const uint64_t src =
+            (plane_index * rows + (row - start[r - 2])) * cols + (x0 - start[r - 1]);
+        const uint64_t dst = (row - piece.lat_start) * lon_ + (x0 - piece.lon_start);
+        cast_values(bytes.data() + src * element, type, piece.dst + dst * out_size, piece.out,
+                    x1 - x0, piece.normalization);
+      }
+    }
+  }
+  shared_->assemble_ns += elapsed_ns(begin);
+}
+
+// One batch's reads as one set of tasks on the pool, longest first: the decodes of whole chunks
+// missing from the cache, then the pieces read alone, then the pieces whose chunks are all
+// cached, then those that wait for a decode. A thread that reaches a waiting piece before its
+// chunks are decoded waits for them (claimed earlier, they are being decoded), while the others
+// go on with the rest: short tasks fill the time of the last decodes, where a barrier after each
+// kind of task left most threads idle at 16 cores (a whole chunk of 10 steps decodes for ~10 ms).
+void Loader::read_pieces(std::span<const Piece> cached, std::span<const Piece> direct,
+                         BatchMemory* memory) {
+  ChunkMap chunks;
   std::vector<ChunkKey> missing;
-  for (const Piece& piece : pieces) {
+  std::unordered_map<ChunkKey, size_t, ChunkKeyHash> missing_index;
+  for (const Piece& piece : cached) {
     const auto [ys, xs] = chunk_spans(piece);
     for (uint64_t y = ys.first; y <= ys.last; ++y) {
       for (uint64_t x = xs.first; x <= xs.last; ++x) {
@@ -1042,25 +1093,13 @@ void Loader::read_cached(std::span<const Piece> pieces) {
         if (found) {
           ++shared_->cache_hits;
         } else {
+          missing_index.emplace(key, missing.size());
           missing.push_back(key);
         }
         chunks.emplace(std::move(key), std::move(found));
       }
     }
   }
-
-  // The chunk's box in the array: [start, start + count) per dim.
-  auto chunk_box = [&](const ChunkKey& key, std::vector<uint64_t>& start,
-                       std::vector<uint64_t>& count) {
-    const auto& meta = arrays_[key.array].metadata();
-    const auto& chunk = read_chunks_[key.array];
-    start.resize(chunk.size());
-    count.resize(chunk.size());
-    for (size_t d = 0; d < chunk.size(); ++d) {
-      start[d] = key.chunk[d] * chunk[d];
-      count[d] = std::min(chunk[d], meta.shape[d] - start[d]);
-    }
-  };
   std::vector<std::shared_ptr<Bytes>> decoded(missing.size());
   for (size_t m = 0; m < missing.size(); ++m) {
     std::vector<uint64_t> start, count;
@@ -1073,62 +1112,71 @@ void Loader::read_cached(std::span<const Piece> pieces) {
     } else {
       decoded[m] = std::make_shared<Bytes>(size);
     }
+    chunks[missing[m]] = decoded[m];  // filled by its decode task
   }
-  ThreadPool::shared().parallel_for(missing.size(), [&](size_t m) {
-    std::vector<uint64_t> start, count;
-    chunk_box(missing[m], start, count);
-    zarr::Selection selection;
-    for (size_t d = 0; d < start.size(); ++d)
-      selection.push_back({start[d], start[d] + count[d], 1});
-    IoCounters& io = thread_io_counters();
-    const IoCounters io_before = io;
-    const auto begin = Clock::now();
-    arrays_[missing[m].array].read(selection, decoded[m]->data());
-    const uint64_t total_ns = elapsed_ns(begin), io_ns = io.read_ns - io_before.read_ns;
-    shared_->read_ns += io_ns;
-    shared_->decode_ns += total_ns > io_ns ? total_ns - io_ns : 0;
-    shared_->bytes_read += io.read_bytes - io_before.read_bytes;
-    shared_->bytes_decoded += decoded[m]->size();
-  });
-  shared_->chunks_decoded += missing.size();
-  for (size_t m = 0; m < missing.size(); ++m) {
-    cache_.insert(missing[m], decoded[m]);
-    chunks[missing[m]] = decoded[m];
-  }
-  shared_->cache_bytes = cache_.bytes();
-
-  ThreadPool::shared().parallel_for(pieces.size(), [&](size_t p) {
-    const auto begin = Clock::now();
-    const Piece& piece = pieces[p];
-    const DataType type = arrays_[piece.array].metadata().dtype;
-    const size_t element = type.size(), out_size = output_size(piece.out);
+  // The cached pieces: ready now, or waiting for the decodes of these missing chunks.
+  std::vector<const Piece*> ready;
+  std::vector<std::pair<const Piece*, std::vector<size_t>>> waiting;
+  for (const Piece& piece : cached) {
+    std::vector<size_t> needs;
     const auto [ys, xs] = chunk_spans(piece);
-    std::vector<uint64_t> start, count;
     for (uint64_t y = ys.first; y <= ys.last; ++y) {
       for (uint64_t x = xs.first; x <= xs.last; ++x) {
-        const ChunkKey key = chunk_key(piece, y, x);
-        const Bytes& bytes = *chunks.at(key);
-        chunk_box(key, start, count);
-        const size_t r = start.size();
-        // The plane (time, level) inside the chunk, then the rows of the crop it covers.
-        uint64_t plane_index = piece.time - start[0];
-        if (r == 4) plane_index = plane_index * count[1] + (piece.level.value_or(0) - start[1]);
-        const uint64_t rows = count[r - 2], cols = count[r - 1];
-        const uint64_t y0 = std::max(piece.lat_start, start[r - 2]);
-        const uint64_t y1 = std::min(piece.lat_start + lat_, start[r - 2] + rows);
-        const uint64_t x0 = std::max(piece.lon_start, start[r - 1]);
-        const uint64_t x1 = std::min(piece.lon_start + lon_, start[r - 1] + cols);
-        for (uint64_t row = y0; row < y1; ++row) {
-          const uint64_t src =
-              (plane_index * rows + (row - start[r - 2])) * cols + (x0 - start[r - 1]);
-          const uint64_t dst = (row - piece.lat_start) * lon_ + (x0 - piece.lon_start);
-          cast_values(bytes.data() + src * element, type, piece.dst + dst * out_size, piece.out,
-                      x1 - x0, piece.normalization);
-        }
+        auto it = missing_index.find(chunk_key(piece, y, x));
+        if (it != missing_index.end()) needs.push_back(it->second);
       }
     }
-    shared_->assemble_ns += elapsed_ns(begin);
+    if (needs.empty()) {
+      ready.push_back(&piece);
+    } else {
+      waiting.emplace_back(&piece, std::move(needs));
+    }
+  }
+
+  enum : uint8_t { kPending = 0, kDecoded = 1, kFailed = 2 };
+  std::unique_ptr<std::atomic<uint8_t>[]> state(new std::atomic<uint8_t>[missing.size()]());
+  const size_t decodes = missing.size(), alone = direct.size(), now = ready.size();
+  ThreadPool::shared().parallel_for(decodes + alone + now + waiting.size(), [&](size_t task) {
+    if (task < decodes) {
+      const size_t m = task;
+      try {
+        std::vector<uint64_t> start, count;
+        chunk_box(missing[m], start, count);
+        zarr::Selection selection;
+        for (size_t d = 0; d < start.size(); ++d)
+          selection.push_back({start[d], start[d] + count[d], 1});
+        IoCounters& io = thread_io_counters();
+        const IoCounters io_before = io;
+        const auto begin = Clock::now();
+        arrays_[missing[m].array].read(selection, decoded[m]->data());
+        const uint64_t total_ns = elapsed_ns(begin), io_ns = io.read_ns - io_before.read_ns;
+        shared_->read_ns += io_ns;
+        shared_->decode_ns += total_ns > io_ns ? total_ns - io_ns : 0;
+        shared_->bytes_read += io.read_bytes - io_before.read_bytes;
+        shared_->bytes_decoded += decoded[m]->size();
+      } catch (...) {
+        state[m].store(kFailed, std::memory_order_release);
+        state[m].notify_all();
+        throw;
+      }
+      state[m].store(kDecoded, std::memory_order_release);
+      state[m].notify_all();
+      return;
+    }
+    task -= decodes;
+    if (task < alone) return read_direct_piece(direct[task], memory);
+    task -= alone;
+    if (task < now) return scatter_cached_piece(*ready[task], chunks);
+    const auto& [piece, needs] = waiting[task - now];
+    for (size_t m : needs) {
+      state[m].wait(kPending, std::memory_order_acquire);
+      if (state[m].load(std::memory_order_acquire) == kFailed) return;  // its error is raised
+    }
+    scatter_cached_piece(*piece, chunks);
   });
+  shared_->chunks_decoded += missing.size();
+  for (size_t m = 0; m < missing.size(); ++m) cache_.insert(missing[m], decoded[m]);
+  shared_->cache_bytes = cache_.bytes();
 
   // Recycle the buffers nobody holds any more (decoded for this batch only, or evicted).
   chunks.clear();

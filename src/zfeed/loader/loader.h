@@ -28,6 +28,7 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "zfeed/loader/cast.h"
@@ -283,12 +284,18 @@ class Loader {
  private:
   struct Source;  // one (variable, level) channel source
   struct Piece;   // one plane of one array to place into the batch
-  void read_direct(std::span<const Piece> pieces, BatchMemory* memory);
-  void read_cached(std::span<const Piece> pieces);
+  using ChunkMap = std::unordered_map<ChunkKey, std::shared_ptr<Bytes>, ChunkKeyHash>;
+  // Reads the batch's pieces: `cached` through the decoded-chunk cache, `direct` alone.
+  void read_pieces(std::span<const Piece> cached, std::span<const Piece> direct,
+                   BatchMemory* memory);
+  void read_direct_piece(const Piece& piece, BatchMemory* memory);
+  void scatter_cached_piece(const Piece& piece, const ChunkMap& chunks) const;
+  void chunk_box(const ChunkKey& key, std::vector<uint64_t>& start,
+                 std::vector<uint64_t>& count) const;
   // Splits the pieces of arrays with several planes per read chunk into those read through the
-  // cache (`kept`) and those read alone by read_direct (`alone`): pieces of chunks missing from
-  // the cache that `batch` (the epoch's batch being assembled; none for assemble()) needs only as
-  // a neighbor (a target's or history's step) while the chunk's own samples are done or further
+  // cache (`kept`) and those read alone (`alone`, by read_direct_piece): pieces of chunks missing
+  // from the cache that `batch` (the epoch's batch being assembled; none for assemble()) needs only
+  // as a neighbor (a target's or history's step) while the chunk's own samples are done or further
   // away than the cache keeps a chunk, so that it would be evicted before they come; only where
   // reading them alone costs less than the whole chunk.
   void choose_reads_alone(std::span<const Piece> pieces, std::optional<uint64_t> batch,
