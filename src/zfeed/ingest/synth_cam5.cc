@@ -6,6 +6,7 @@
 #include <numbers>
 #include <optional>
 
+#include "zfeed/ingest/synth_common.h"
 #include "zfeed/ingest/synth_era5.h"
 #include "zfeed/util/error.h"
 #include "zfeed/util/thread_pool.h"
@@ -15,12 +16,13 @@
 namespace zfeed::ingest {
 namespace {
 
-constexpr double kPi = std::numbers::pi;
-constexpr double kDeg = kPi / 180.0;
-constexpr double kGravity = 9.80665;      // m/s2
-constexpr double kEarthRadius = 6.371e6;  // m
-constexpr double kOmega = 7.2921e-5;      // rad/s
-constexpr double kYearDays = 365.2425;
+using synth::kDeg;
+using synth::kEarthRadius;
+using synth::kGravity;
+using synth::kOmega;
+using synth::kPi;
+using synth::kYearDays;
+using synth::uniform;
 constexpr double kAirDensity = 1.15;  // kg/m3 near the surface
 
 // Slots of features alive at once (each slot holds one feature at a time: born, grown, decayed,
@@ -53,19 +55,6 @@ enum Channel : size_t {
   kZ200,
   kZBOT,
 };
-
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
-// A uniform number in [0, 1) from (seed, a, b, c).
-double uniform(uint64_t seed, uint64_t a, uint64_t b, uint64_t c) {
-  uint64_t h = splitmix64(seed ^ splitmix64(a ^ splitmix64(b ^ splitmix64(c))));
-  return double(h >> 11) * 0x1.0p-53;
-}
 
 // Where a slot's current feature is in its life: the generation (which feature) and its age.
 struct Lifetime {
@@ -119,10 +108,7 @@ Window window_around(const std::vector<double>& lat, const std::vector<double>& 
 }
 
 // Saturation specific humidity (kg/kg) near the surface at temperature t (K), p = 1000 hPa.
-double saturation_q(double t) {
-  double es = 611.2 * std::exp(17.67 * (t - 273.15) / (t - 29.65));
-  return 0.622 * es / 100000.0;
-}
+double saturation_q(double t) { return synth::saturation_q(t, 100000.0); }
 
 }  // namespace
 

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <numbers>
 
+#include "zfeed/ingest/synth_common.h"
 #include "zfeed/util/error.h"
 #include "zfeed/util/thread_pool.h"
 #include "zfeed/zarr/array.h"
@@ -16,32 +17,17 @@
 namespace zfeed::ingest {
 namespace {
 
-constexpr double kPi = std::numbers::pi;
-constexpr double kDeg = kPi / 180.0;
-constexpr double kGravity = 9.80665;      // m/s2
-constexpr double kEarthRadius = 6.371e6;  // m
-constexpr double kOmega = 7.2921e-5;      // rad/s
-constexpr double kYearDays = 365.2425;
+using synth::kDeg;
+using synth::kEarthRadius;
+using synth::kGravity;
+using synth::kOmega;
+using synth::kPi;
+using synth::kYearDays;
+using synth::uniform;
 constexpr size_t kSystemSlots = 28;
 
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
-// A uniform number in [0, 1) from (seed, a, b, c).
-double uniform(uint64_t seed, uint64_t a, uint64_t b, uint64_t c) {
-  uint64_t h = splitmix64(seed ^ splitmix64(a ^ splitmix64(b ^ splitmix64(c))));
-  return double(h >> 11) * 0x1.0p-53;
-}
-
 // Saturation specific humidity (kg/kg) at 500 hPa over water for temperature t (K).
-double saturation_q500(double t) {
-  double es = 611.2 * std::exp(17.67 * (t - 273.15) / (t - 29.65));  // Pa
-  return 0.622 * es / 50000.0;
-}
+double saturation_q500(double t) { return synth::saturation_q(t, 50000.0); }
 
 }  // namespace
 
