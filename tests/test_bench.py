@@ -145,3 +145,24 @@ def test_baseline_loader_is_seeded_and_shuffled(small_store):
         torch.testing.assert_close(x, y, rtol=0, atol=0)  # workers change nothing but the speed
     c = first_batches(8, 0)
     assert not all(torch.equal(x, y) for x, y in zip(a, c))
+
+
+def test_the_clock_measures_at_least_min_seconds_and_never_past_the_cap():
+    import time
+    from zfeed.bench import Clock
+
+    def count(clock: Clock, pause: float) -> tuple[int, float]:
+        clock.begin()
+        while True:
+            time.sleep(pause)
+            if not clock.tick():
+                return clock.count, clock.elapsed()
+
+    # A fast reader: 3 batches take 30 ms, so it goes on until 0.2 s.
+    n, elapsed = count(Clock(3, seconds=10.0, min_seconds=0.2), 0.01)
+    assert n > 3 and 0.2 <= elapsed < 1.0
+    # Without min_seconds the batch count ends it; seconds caps a long min_seconds.
+    n, elapsed = count(Clock(3, seconds=10.0, min_seconds=0.0), 0.01)
+    assert n == 3
+    n, elapsed = count(Clock(100, seconds=0.05, min_seconds=1.0), 0.01)
+    assert 2 <= n < 100 and elapsed < 0.5

@@ -239,10 +239,12 @@ def parse_options(items: list[str]) -> dict:
 
 
 class Clock:
-    """Counts measured batches until `batches` or, once `min_batches` are in, `seconds` pass."""
+    """Counts measured batches: at least `batches` and at least `min_seconds` (a fast reader on many
+    cores measures more than `batches`), but no longer than `seconds` once `min_batches` are in."""
 
-    def __init__(self, batches: int, seconds: float, min_batches: int = 2):
+    def __init__(self, batches: int, seconds: float, min_batches: int = 2, min_seconds: float = 0.0):
         self.batches, self.seconds, self.min_batches = batches, seconds, min(min_batches, batches)
+        self.min_seconds = min(min_seconds, seconds)
         self.count = 0
         self.start = None
 
@@ -253,7 +255,9 @@ class Clock:
         """Records one batch; True while more should be measured."""
         self.count += 1
         elapsed = time.perf_counter() - self.start
-        return self.count < self.batches and (self.count < self.min_batches or elapsed < self.seconds)
+        if self.count < self.min_batches:
+            return True
+        return elapsed < self.seconds and (self.count < self.batches or elapsed < self.min_seconds)
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.start
@@ -301,7 +305,7 @@ def child_zfeed(spec: dict) -> dict:
     for _ in range(spec["warmup"]):
         batch = next_batch()
         del batch
-    clock = Clock(spec["batches"], spec["seconds"])
+    clock = Clock(spec["batches"], spec["seconds"], min_seconds=spec.get("min_seconds", 0.0))
     clock.begin()
     while True:
         batch = next_batch()
@@ -336,7 +340,7 @@ def child_baseline(spec: dict) -> dict:
 
     for _ in range(spec["warmup"]):
         next_batch()
-    clock = Clock(spec["batches"], spec["seconds"])
+    clock = Clock(spec["batches"], spec["seconds"], min_seconds=spec.get("min_seconds", 0.0))
     clock.begin()
     while True:
         x, y = next_batch()
@@ -635,7 +639,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--grid", default="320x640", help="grid of the synthetic store, NLATxNLON (default 320x640)")
     parser.add_argument("--times", type=int, default=360, help="time steps of the synthetic store (default 360)")
     parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--batches", type=int, default=20, help="measured batches per reader (default 20)")
+    parser.add_argument("--batches", type=int, default=20,
+                        help="measured batches per reader, at least (default 20; more until --min-seconds pass)")
+    parser.add_argument("--min-seconds", type=float, default=2.0,
+                        help="measure zfeed and the baseline at least this long (default 2: on many cores 20 "
+                             "batches take a fraction of a second, and the pipeline's start would weigh)")
     parser.add_argument("--warmup", type=int, default=2, help="batches read before measuring (default 2)")
     parser.add_argument("--seconds", type=float, default=20.0,
                         help="stop measuring a reader after this long, once 2 batches are in (default 20)")
@@ -689,6 +697,7 @@ class Measurement:
         args = self.args
         spec = {"store": str(path), "variables": self.variables, "lead": 1, "batch_size": args.batch_size,
                 "seed": args.seed, "warmup": args.warmup, "batches": args.batches, "seconds": args.seconds,
+                "min_seconds": args.min_seconds,
                 "normalize": self.normalize}
         sample_batches = None  # [(epoch, times)] of zfeed's measured batches
         for reader in self.readers:
@@ -764,6 +773,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.quick:
         args.grid, args.times, args.batches, args.warmup, args.seconds = "64x128", 80, 3, 1, 10.0
+        args.min_seconds = 0.0
         args.limit_reps = 1
     kinds = [k for k in args.stores.split(",") if k]
     readers = [r for r in args.readers.split(",") if r]
@@ -812,7 +822,7 @@ def main(argv: list[str] | None = None) -> int:
         "page_cache": "warm: every file of a store read once before its readers run; each reader in a fresh process",
         "config": {"variables": variables, "channels": len(variables), "grid": [lat, lon], "lead": 1,
                    "batch_size": args.batch_size, "batches": args.batches, "warmup": args.warmup,
-                   "seconds_cap": args.seconds, "baseline_workers": args.workers, "seed": args.seed,
+                   "seconds_cap": args.seconds, "min_seconds": args.min_seconds, "baseline_workers": args.workers, "seed": args.seed,
                    "zfeed_options": options, "multi_step_zfeed_options": MULTI_STEP_ORDER,
                    "sample_bytes": measurement.sample_bytes, "limit_reps": args.limit_reps, "quick": args.quick,
                    "normalize": normalize},
