@@ -151,9 +151,9 @@ int run_conversion(const std::string& verb, ingest::ConvertOptions options, bool
   ::mallopt(M_MMAP_THRESHOLD, 1 << 20);
   ::mallopt(M_TRIM_THRESHOLD, 4 << 20);
   // Every thread may hold a chunk being decoded and one being encoded: under a small budget, use
-  // fewer threads (one per 16 MiB) unless ZFEED_NUM_THREADS says otherwise. The pool starts on
-  // first use, after this.
-  if (!std::getenv("ZFEED_NUM_THREADS")) {
+  // fewer threads (one per 16 MiB) unless --threads or ZFEED_NUM_THREADS says how many. The pool
+  // starts on first use, after this.
+  if (options.threads == 0 && !std::getenv("ZFEED_NUM_THREADS")) {
     const uint64_t hardware = std::max(1u, std::thread::hardware_concurrency());
     const uint64_t fit = std::max<uint64_t>(1, options.max_memory / (16 << 20));
     if (fit < hardware) ::setenv("ZFEED_NUM_THREADS", std::to_string(fit).c_str(), 1);
