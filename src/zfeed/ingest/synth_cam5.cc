@@ -16,13 +16,7 @@
 namespace zfeed::ingest {
 namespace {
 
-using synth::kDeg;
-using synth::kEarthRadius;
-using synth::kGravity;
-using synth::kOmega;
-using synth::kPi;
-using synth::kYearDays;
-using synth::uniform;
+using namespace synth;                // the shared constants and uniform()
 constexpr double kAirDensity = 1.15;  // kg/m3 near the surface
 
 // Slots of features alive at once (each slot holds one feature at a time: born, grown, decayed,
@@ -108,7 +102,7 @@ Window window_around(const std::vector<double>& lat, const std::vector<double>& 
 }
 
 // Saturation specific humidity (kg/kg) near the surface at temperature t (K), p = 1000 hPa.
-double saturation_q(double t) { return synth::saturation_q(t, 100000.0); }
+double surface_saturation_q(double t) { return synth::saturation_q(t, 100000.0); }
 
 }  // namespace
 
@@ -489,7 +483,7 @@ void Cam5Synth::generate(double hours, std::span<float> channels, std::span<uint
       field(kTREFHT)[p] = float(trefht);
       // Near-surface humidity tracks the column water vapour, below saturation.
       field(kQREFHT)[p] =
-          float(std::min(0.92 * saturation_q(trefht), 3.4e-4 * tmq * (1 - 0.2 * tmq / 80)));
+          float(std::min(0.92 * surface_saturation_q(trefht), 3.4e-4 * tmq * (1 - 0.2 * tmq / 80)));
       // Rain picks up sharply with column water vapour (the observed exponential pickup).
       double pickup = 2.5e-8 * std::exp(std::min(6.0, (tmq - 45) / 7.5));
       field(kPRECT)[p] = float(pickup + rain[p]);

@@ -17,13 +17,7 @@
 namespace zfeed::ingest {
 namespace {
 
-using synth::kDeg;
-using synth::kEarthRadius;
-using synth::kGravity;
-using synth::kOmega;
-using synth::kPi;
-using synth::kYearDays;
-using synth::uniform;
+using namespace synth;  // the shared constants and uniform()
 constexpr size_t kSystemSlots = 28;
 
 // Saturation specific humidity (kg/kg) at 500 hPa over water for temperature t (K).

@@ -877,75 +877,73 @@ void Loader::assemble_batch(uint64_t epoch, std::optional<uint64_t> batch,
 // and normalized while the plane is still in cache; or, handed over compressed, only read.
 void Loader::read_direct_piece(const Piece& piece, BatchMemory* memory) {
   const size_t plane = lat_ * lon_;
-  {
-    const zarr::Array& array = arrays_[piece.array];
-    const DataType type = array.metadata().dtype;
-    if (piece.compressed >= 0) {  // read only: the consumer decodes
-      CompressedChunk& chunk = memory->compressed[static_cast<size_t>(piece.compressed)];
-      IoCounters& io = thread_io_counters();
-      const IoCounters io_before = io;
-      const auto start = Clock::now();
-      // The read chunk holds exactly this plane: its index is (time, level, 0, 0).
-      std::vector<uint64_t> index = {piece.time};
-      if (piece.level) index.push_back(*piece.level);
-      index.push_back(0);
-      index.push_back(0);
-      bool found = false;
-      chunk.file.clear();
-      chunk.file_offset = 0;
-      if (piece.located) {
-        zarr::Array::StoredLocation location;
-        found = array.locate_stored(index, location, &chunk.key);
-        chunk.data.clear();
-        if (found) {
-          chunk.file = std::move(location.path);
-          chunk.file_offset = location.offset;
-        }
-        chunk.stored_size = found ? location.size : 0;
-      } else {
-        found = array.read_stored(index, chunk.data, &chunk.key);
-        chunk.stored_size = found ? chunk.data.size() : 0;
-      }
-      const uint64_t io_ns = io.read_ns - io_before.read_ns;
-      shared_->read_ns += std::max(io_ns, elapsed_ns(start));
-      // Located bytes are read by the consumer, not here.
-      shared_->bytes_read += found && !piece.located ? chunk.stored_size : 0;
-      if (found) {
-        ++shared_->chunks_passed;
-        if (piece.located) ++shared_->chunks_located;
-        return;
-      }
-      chunk.data.clear();
-      chunk.decoded_size = 0;  // absent: the fill value, written below like any plane
-    }
-    zarr::Selection selection{{piece.time, piece.time + 1, 1}};
-    if (piece.level) selection.push_back({*piece.level, *piece.level + 1, 1});
-    selection.push_back({piece.lat_start, piece.lat_start + lat_, 1});
-    selection.push_back({piece.lon_start, piece.lon_start + lon_, 1});
+  const zarr::Array& array = arrays_[piece.array];
+  const DataType type = array.metadata().dtype;
+  if (piece.compressed >= 0) {  // read only: the consumer decodes
+    CompressedChunk& chunk = memory->compressed[static_cast<size_t>(piece.compressed)];
     IoCounters& io = thread_io_counters();
     const IoCounters io_before = io;
     const auto start = Clock::now();
-    uint64_t decode_end_ns = 0;
-    if (type.id == DataTypeId::kFloat32 && piece.out == OutputType::kFloat32) {
-      array.read(selection, piece.dst);
-      decode_end_ns = elapsed_ns(start);
-      if (piece.normalization.enabled) {
-        cast_values(piece.dst, type, piece.dst, piece.out, plane, piece.normalization);
+    // The read chunk holds exactly this plane: its index is (time, level, 0, 0).
+    std::vector<uint64_t> index = {piece.time};
+    if (piece.level) index.push_back(*piece.level);
+    index.push_back(0);
+    index.push_back(0);
+    bool found = false;
+    chunk.file.clear();
+    chunk.file_offset = 0;
+    if (piece.located) {
+      zarr::Array::StoredLocation location;
+      found = array.locate_stored(index, location, &chunk.key);
+      chunk.data.clear();
+      if (found) {
+        chunk.file = std::move(location.path);
+        chunk.file_offset = location.offset;
       }
+      chunk.stored_size = found ? location.size : 0;
     } else {
-      ScratchBuffer scratch(plane * type.size());
-      array.read(selection, scratch.data());
-      decode_end_ns = elapsed_ns(start);
-      cast_values(scratch.data(), type, piece.dst, piece.out, plane, piece.normalization);
+      found = array.read_stored(index, chunk.data, &chunk.key);
+      chunk.stored_size = found ? chunk.data.size() : 0;
     }
-    const uint64_t total_ns = elapsed_ns(start);
     const uint64_t io_ns = io.read_ns - io_before.read_ns;
-    shared_->read_ns += io_ns;
-    shared_->decode_ns += decode_end_ns > io_ns ? decode_end_ns - io_ns : 0;
-    shared_->assemble_ns += total_ns - decode_end_ns;
-    shared_->bytes_read += io.read_bytes - io_before.read_bytes;
-    shared_->bytes_decoded += plane * type.size();
+    shared_->read_ns += std::max(io_ns, elapsed_ns(start));
+    // Located bytes are read by the consumer, not here.
+    shared_->bytes_read += found && !piece.located ? chunk.stored_size : 0;
+    if (found) {
+      ++shared_->chunks_passed;
+      if (piece.located) ++shared_->chunks_located;
+      return;
+    }
+    chunk.data.clear();
+    chunk.decoded_size = 0;  // absent: the fill value, written below like any plane
   }
+  zarr::Selection selection{{piece.time, piece.time + 1, 1}};
+  if (piece.level) selection.push_back({*piece.level, *piece.level + 1, 1});
+  selection.push_back({piece.lat_start, piece.lat_start + lat_, 1});
+  selection.push_back({piece.lon_start, piece.lon_start + lon_, 1});
+  IoCounters& io = thread_io_counters();
+  const IoCounters io_before = io;
+  const auto start = Clock::now();
+  uint64_t decode_end_ns = 0;
+  if (type.id == DataTypeId::kFloat32 && piece.out == OutputType::kFloat32) {
+    array.read(selection, piece.dst);
+    decode_end_ns = elapsed_ns(start);
+    if (piece.normalization.enabled) {
+      cast_values(piece.dst, type, piece.dst, piece.out, plane, piece.normalization);
+    }
+  } else {
+    ScratchBuffer scratch(plane * type.size());
+    array.read(selection, scratch.data());
+    decode_end_ns = elapsed_ns(start);
+    cast_values(scratch.data(), type, piece.dst, piece.out, plane, piece.normalization);
+  }
+  const uint64_t total_ns = elapsed_ns(start);
+  const uint64_t io_ns = io.read_ns - io_before.read_ns;
+  shared_->read_ns += io_ns;
+  shared_->decode_ns += decode_end_ns > io_ns ? decode_end_ns - io_ns : 0;
+  shared_->assemble_ns += total_ns - decode_end_ns;
+  shared_->bytes_read += io.read_bytes - io_before.read_bytes;
+  shared_->bytes_decoded += plane * type.size();
 }
 
 std::array<Loader::ChunkSpan, 2> Loader::chunk_spans(const Piece& piece) const {
@@ -1024,8 +1022,6 @@ void Loader::choose_reads_alone(std::span<const Piece> pieces, std::optional<uin
   shared_->planes_read_alone += alone.size();
 }
 
-// Pieces whose array has several planes per read chunk: the batch's distinct chunks come from the
-// cache or are decoded once (in parallel), then every piece is scattered from them.
 // The box of a read chunk in its array: [start, start + count) per dimension.
 void Loader::chunk_box(const ChunkKey& key, std::vector<uint64_t>& start,
                        std::vector<uint64_t>& count) const {
@@ -1037,6 +1033,23 @@ void Loader::chunk_box(const ChunkKey& key, std::vector<uint64_t>& start,
     start[d] = key.chunk[d] * chunk[d];
     count[d] = std::min(chunk[d], meta.shape[d] - start[d]);
   }
+}
+
+// Reads and decodes a whole read chunk into `out` (its size).
+void Loader::decode_chunk(const ChunkKey& key, Bytes& out) const {
+  std::vector<uint64_t> start, count;
+  chunk_box(key, start, count);
+  zarr::Selection selection;
+  for (size_t d = 0; d < start.size(); ++d) selection.push_back({start[d], start[d] + count[d], 1});
+  IoCounters& io = thread_io_counters();
+  const IoCounters io_before = io;
+  const auto begin = Clock::now();
+  arrays_[key.array].read(selection, out.data());
+  const uint64_t total_ns = elapsed_ns(begin), io_ns = io.read_ns - io_before.read_ns;
+  shared_->read_ns += io_ns;
+  shared_->decode_ns += total_ns > io_ns ? total_ns - io_ns : 0;
+  shared_->bytes_read += io.read_bytes - io_before.read_bytes;
+  shared_->bytes_decoded += out.size();
 }
 
 // Scatters a piece from its decoded chunks (cast and normalized on the way).
@@ -1080,24 +1093,39 @@ void Loader::scatter_cached_piece(const Piece& piece, const ChunkMap& chunks) co
 // kind of task left most threads idle at 16 cores (a whole chunk of 10 steps decodes for ~10 ms).
 void Loader::read_pieces(std::span<const Piece> cached, std::span<const Piece> direct,
                          BatchMemory* memory) {
+  // The batch's distinct chunks, from the cache or missing; each cached piece is ready now or
+  // waits for the decodes of the missing chunks it needs.
   ChunkMap chunks;
   std::vector<ChunkKey> missing;
   std::unordered_map<ChunkKey, size_t, ChunkKeyHash> missing_index;
+  std::vector<const Piece*> ready;
+  std::vector<std::pair<const Piece*, std::vector<size_t>>> waiting;
   for (const Piece& piece : cached) {
+    std::vector<size_t> needs;
     const auto [ys, xs] = chunk_spans(piece);
     for (uint64_t y = ys.first; y <= ys.last; ++y) {
       for (uint64_t x = xs.first; x <= xs.last; ++x) {
         ChunkKey key = chunk_key(piece, y, x);
-        if (chunks.count(key)) continue;
+        if (auto known = missing_index.find(key); known != missing_index.end()) {
+          needs.push_back(known->second);
+          continue;
+        }
+        if (chunks.count(key)) continue;  // cached
         auto found = cache_.find(key);
         if (found) {
           ++shared_->cache_hits;
         } else {
+          needs.push_back(missing.size());
           missing_index.emplace(key, missing.size());
           missing.push_back(key);
         }
         chunks.emplace(std::move(key), std::move(found));
       }
+    }
+    if (needs.empty()) {
+      ready.push_back(&piece);
+    } else {
+      waiting.emplace_back(&piece, std::move(needs));
     }
   }
   std::vector<std::shared_ptr<Bytes>> decoded(missing.size());
@@ -1114,24 +1142,6 @@ void Loader::read_pieces(std::span<const Piece> cached, std::span<const Piece> d
     }
     chunks[missing[m]] = decoded[m];  // filled by its decode task
   }
-  // The cached pieces: ready now, or waiting for the decodes of these missing chunks.
-  std::vector<const Piece*> ready;
-  std::vector<std::pair<const Piece*, std::vector<size_t>>> waiting;
-  for (const Piece& piece : cached) {
-    std::vector<size_t> needs;
-    const auto [ys, xs] = chunk_spans(piece);
-    for (uint64_t y = ys.first; y <= ys.last; ++y) {
-      for (uint64_t x = xs.first; x <= xs.last; ++x) {
-        auto it = missing_index.find(chunk_key(piece, y, x));
-        if (it != missing_index.end()) needs.push_back(it->second);
-      }
-    }
-    if (needs.empty()) {
-      ready.push_back(&piece);
-    } else {
-      waiting.emplace_back(&piece, std::move(needs));
-    }
-  }
 
   enum : uint8_t { kPending = 0, kDecoded = 1, kFailed = 2 };
   std::unique_ptr<std::atomic<uint8_t>[]> state(new std::atomic<uint8_t>[missing.size()]());
@@ -1140,20 +1150,7 @@ void Loader::read_pieces(std::span<const Piece> cached, std::span<const Piece> d
     if (task < decodes) {
       const size_t m = task;
       try {
-        std::vector<uint64_t> start, count;
-        chunk_box(missing[m], start, count);
-        zarr::Selection selection;
-        for (size_t d = 0; d < start.size(); ++d)
-          selection.push_back({start[d], start[d] + count[d], 1});
-        IoCounters& io = thread_io_counters();
-        const IoCounters io_before = io;
-        const auto begin = Clock::now();
-        arrays_[missing[m].array].read(selection, decoded[m]->data());
-        const uint64_t total_ns = elapsed_ns(begin), io_ns = io.read_ns - io_before.read_ns;
-        shared_->read_ns += io_ns;
-        shared_->decode_ns += total_ns > io_ns ? total_ns - io_ns : 0;
-        shared_->bytes_read += io.read_bytes - io_before.read_bytes;
-        shared_->bytes_decoded += decoded[m]->size();
+        decode_chunk(missing[m], *decoded[m]);
       } catch (...) {
         state[m].store(kFailed, std::memory_order_release);
         state[m].notify_all();

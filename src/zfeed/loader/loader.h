@@ -290,6 +290,7 @@ class Loader {
                    BatchMemory* memory);
   void read_direct_piece(const Piece& piece, BatchMemory* memory);
   void scatter_cached_piece(const Piece& piece, const ChunkMap& chunks) const;
+  void decode_chunk(const ChunkKey& key, Bytes& out) const;
   void chunk_box(const ChunkKey& key, std::vector<uint64_t>& start,
                  std::vector<uint64_t>& count) const;
   // Splits the pieces of arrays with several planes per read chunk into those read through the
