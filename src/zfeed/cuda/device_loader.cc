@@ -134,7 +134,7 @@ DeviceLoader::DeviceLoader(loader::LoaderSpec spec, DeviceLoaderOptions options)
       stats_.decode_reason = "no array's chunks decode on the GPU in one nvCOMP step: " +
                              host_->pass_compressed_reason();
     } else {
-      decoder_ = std::make_unique<GpuDecoder>();
+      for (auto& decoder : decoders_) decoder = std::make_unique<GpuDecoder>();
       for (size_t a = 0; a < host_->num_arrays(); ++a)
         codecs_.push_back(gpu_decode_plan(host_->array(a)).codec);
       if (decode == "gpu") {
@@ -183,7 +183,7 @@ void DeviceLoader::choose_read_path() {
   const std::string asked = options_.gds.empty() ? "ZFEED_GDS" : "gds";
   stats_.read_asked = gds_policy_name(policy);
   stats_.read_mode = "host";
-  if (!decoder_) {
+  if (!decoders_[0]) {
     stats_.read_reason = "chunks decode on the CPU, so the host reads them";
     // Asked of this loader (not machine-wide through ZFEED_GDS): say why it cannot be done.
     if (policy == GdsPolicy::kOn && !options_.gds.empty())
@@ -329,6 +329,8 @@ bool DeviceLoader::enqueue() {
     host_finished_ = true;
     return false;
   }
+  const auto prepare_start = std::chrono::steady_clock::now();
+  uint64_t waited_ns = 0;  // for earlier batches' GPU work: not this batch's cost
   pin(*host_batch);
   const loader::Batch& host = *host_batch;
   const auto in_shape = host_->input_shape(), out_shape = host_->target_shape();
@@ -343,7 +345,17 @@ bool DeviceLoader::enqueue() {
   const cudaStream_t stream = copy_stream_.get();
   // Chunks handed over compressed decode on the GPU into their planes of the staging buffers;
   // the host buffers are copied only where the host filled some plane.
-  if (decoder_ && decoder_->pending()) finish_decode();  // frees located_ too
+  const size_t d = next_decoder_;
+  if (decoders_[0]) {
+    const auto decode_wait_start = std::chrono::steady_clock::now();
+    if (reader_) {  // cuFile reads into located_, which a pending decode may still read
+      for (size_t k = 0; k < decoders_.size(); ++k)
+        if (decoders_[k]->pending()) finish_decode(k);
+    } else if (decoders_[d]->pending()) {
+      finish_decode(d);
+    }
+    waited_ns += since_ns(decode_wait_start);
+  }
   items_.clear();
   uint64_t gpu_in = 0, gpu_out = 0, compressed_bytes = 0;
   const auto& memory = *host.memory;
@@ -375,6 +387,15 @@ bool DeviceLoader::enqueue() {
     items_.push_back(item);
     (chunk.target ? gpu_out : gpu_in) += 1;
   }
+  if (!items_.empty()) {
+    try {
+      decoders_[d]->prepare(items_, stream);  // checks every chunk's container first
+    } catch (const Error& error) {
+      fall_back_to_cpu(host.index, error);
+    }
+  }
+  flight.prepare_ns = since_ns(prepare_start) - waited_ns;
+  // From here on only GPU work is enqueued: the events time the GPU's part of the batch.
   flight.copy.started = std::make_shared<Event>(true);
   flight.copy.started->record(stream);
   if (gpu_in < in_planes) {
@@ -393,11 +414,13 @@ bool DeviceLoader::enqueue() {
   }
   if (!items_.empty()) {
     try {
-      decoder_->enqueue(items_, stream);  // checks every chunk's container first
+      decoders_[d]->submit();
     } catch (const Error& error) {
       fall_back_to_cpu(host.index, error);
     }
-    pending_index_ = host.index;
+    pending_index_[d] = host.index;
+    flight.decoder = static_cast<int>(d);
+    next_decoder_ = (d + 1) % decoders_.size();
     flight.gpu_decoded = true;
     stats_.chunks_gpu_decoded += items_.size();
     stats_.bytes_gpu_decoded += (gpu_in + gpu_out) * plane * 4;
@@ -482,18 +505,18 @@ std::optional<DeviceBatch> DeviceLoader::next_batch() {
     release_copied_host_batches(true);  // the epoch's last copies: their time is in stats()
     return std::nullopt;
   }
+  // A batch goes out only once its GPU decode is checked: a failure sends it to the CPU.
+  const InFlight& front = in_flight_.front();
+  if (front.decoder >= 0) {
+    const auto d = static_cast<size_t>(front.decoder);
+    if (decoders_[d]->pending() && pending_index_[d] == front.batch.index) finish_decode(d);
+  }
   InFlight flight = std::move(in_flight_.front());
   in_flight_.pop_front();
-  if (in_flight_.empty() && decoder_ && decoder_->pending()) {
-    in_flight_.push_front(std::move(flight));  // kept in place should the decode fail
-    finish_decode();
-    flight = std::move(in_flight_.front());
-    in_flight_.pop_front();
-  }
   if (probing_) probe(flight);
   if (cpu_until_ && flight.batch.index >= *cpu_until_) {  // the failed batch is out: GPU again
     cpu_until_.reset();
-    host_->set_pass_compressed(probing_ ? probe_cpu_ms_.size() > kProbeBatches
+    host_->set_pass_compressed(probing_ ? probe_cpu_ms_.size() >= kProbeWarmUp + kProbeBatches
                                         : stats_.decode_mode == "gpu");
   }
   copying_.push_back(std::move(flight.copy));
@@ -503,11 +526,11 @@ std::optional<DeviceBatch> DeviceLoader::next_batch() {
   return std::move(flight.batch);
 }
 
-void DeviceLoader::finish_decode() {
+void DeviceLoader::finish_decode(size_t d) {
   try {
-    decoder_->finish();
+    decoders_[d]->finish();
   } catch (const Error& error) {
-    fall_back_to_cpu(pending_index_, error);
+    fall_back_to_cpu(pending_index_[d], error);
   }
 }
 
@@ -535,20 +558,24 @@ void DeviceLoader::reset_pipeline() {
 void DeviceLoader::probe(const InFlight& flight) {
   flight.slot->ready.synchronize();
   const double gpu_ms = flight.slot->ready.elapsed_ms_since(*flight.copy.started);
-  const double cost = std::max(gpu_ms, static_cast<double>(flight.host_ns) * 1e-6);
-  constexpr size_t kMeasured = kProbeBatches;
+  const double cost = std::max({gpu_ms, static_cast<double>(flight.host_ns) * 1e-6,
+                                static_cast<double>(flight.prepare_ns) * 1e-6});
   auto& samples = flight.gpu_decoded ? probe_gpu_ms_ : probe_cpu_ms_;
-  samples.push_back(cost);  // the first of each path is its warm-up
-  if (!flight.gpu_decoded && probe_cpu_ms_.size() == kMeasured + 1 && !cpu_until_)
-    host_->set_pass_compressed(true);
-  if (probe_gpu_ms_.size() < kMeasured + 1 || probe_cpu_ms_.size() < kMeasured + 1) return;
-  auto mean = [](const std::vector<double>& v) {
-    double sum = 0;
-    for (size_t i = 1; i < v.size(); ++i) sum += v[i];
-    return sum / static_cast<double>(v.size() - 1);
+  samples.push_back(cost);
+  constexpr size_t kNeeded = kProbeWarmUp + kProbeBatches;
+  if (!flight.gpu_decoded && probe_cpu_ms_.size() == kNeeded && !cpu_until_)
+    host_->set_pass_compressed(true);  // the CPU path is measured: now the GPU's
+  if (probe_gpu_ms_.size() < kNeeded || probe_cpu_ms_.size() < kNeeded) return;
+  // The median of the measured batches: one slow batch (a page fault storm, a first touch) does
+  // not decide.
+  auto median = [](std::vector<double> v) {
+    v.erase(v.begin(), v.begin() + kProbeWarmUp);
+    std::sort(v.begin(), v.end());
+    const size_t n = v.size();
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
   };
-  stats_.auto_cpu_ms = mean(probe_cpu_ms_);
-  stats_.auto_gpu_ms = mean(probe_gpu_ms_);
+  stats_.auto_cpu_ms = median(probe_cpu_ms_);
+  stats_.auto_gpu_ms = median(probe_gpu_ms_);
   const bool gpu = stats_.auto_gpu_ms < stats_.auto_cpu_ms;
   host_->set_pass_compressed(gpu && !cpu_until_);
   stats_.decode_mode = gpu ? "gpu" : "cpu";
@@ -560,9 +587,10 @@ void DeviceLoader::probe(const InFlight& flight) {
 }
 
 void DeviceLoader::drain() {
-  if (decoder_ && decoder_->pending()) {
+  for (auto& decoder : decoders_) {
+    if (!decoder || !decoder->pending()) continue;
     try {
-      decoder_->finish();
+      decoder->finish();
     } catch (const Error&) {
       // dropped with the batches in flight
     }

@@ -19,6 +19,7 @@
 // and the loader (not ZFEED_CUDA_ONLY).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -121,7 +122,8 @@ struct DeviceLoaderStats {
   uint64_t gpu_decode_failures = 0;   // batches nvCOMP (or the host's check) rejected a chunk of
   std::string last_gpu_decode_error;
   // decode: what was asked, what runs ("cpu" or "gpu"), why; with "auto", the measured cost per
-  // batch of each path (max of host assembly and GPU time, in ms).
+  // batch of each path (the median over the probe's batches of the most of host assembly, the
+  // consumer thread's staging and the GPU's time, in ms).
   std::string decode_asked, decode_mode, decode_reason;
   double auto_cpu_ms = 0, auto_gpu_ms = 0;
   // read: how chunks that decode on the GPU are read: asked ("auto", "on", "off"), mode ("gds" or
@@ -172,13 +174,16 @@ class DeviceLoader {
     DeviceBatch batch;
     Copy copy;
     bool gpu_decoded = false;    // some of its chunks went through nvCOMP
+    int decoder = -1;            // the decoder (index) that decodes its chunks
     uint64_t host_ns = 0;        // the host loader's assembly time
+    uint64_t prepare_ns = 0;     // this thread's work in enqueue() (not its waits)
     DeviceSlot* slot = nullptr;  // for decode="auto"'s timing
   };
   bool enqueue();           // one more batch onto the copy stream; false at the end of the epoch
   struct PipelineReset {};  // the batches in flight were dropped: start again (next() catches it)
   std::optional<DeviceBatch> next_batch();
-  void finish_decode();  // checks the last batch's GPU decode; on failure falls back to the CPU
+  // Waits for decoder d's batch and checks it; on failure falls back to the CPU.
+  void finish_decode(size_t d);
   [[noreturn]] void fall_back_to_cpu(uint64_t batch_index, const Error& error);
   [[noreturn]] void reset_pipeline();  // back to the first batch not handed out
   void choose_read_path();
@@ -186,8 +191,11 @@ class DeviceLoader {
   // `device_src` (by index in memory.compressed).
   void read_to_device(const loader::BatchMemory& memory, std::vector<const uint8_t*>& device_src);
   [[noreturn]] void read_failed(const Error& error);
-  void probe(const InFlight& flight);  // decode="auto": times the batch, decides when done
-  void drain();                        // waits for the copy stream and drops everything in flight
+  // decode="auto": the batch's cost, the most of the three parts that overlap when batches stream
+  // (the host loader's assembly, this thread's work in enqueue(), the GPU's work); once both
+  // paths have kProbeBatches measured, keeps the one with the lower median.
+  void probe(const InFlight& flight);
+  void drain();  // waits for the copy stream and drops everything in flight
   void release_copied_host_batches(bool wait_for_all);
   void pin(const loader::Batch& batch);
   DeviceSlot* free_slot();
@@ -204,18 +212,23 @@ class DeviceLoader {
   uint64_t handed_out_ = 0;     // batches handed out in the current epoch
   bool host_finished_ = false;  // the host loader reported the end of the epoch
   DeviceLoaderStats stats_;
-  std::unique_ptr<GpuDecoder> decoder_;
+  // Two decoders take turns on the copy stream: the host stages batch k+1's compressed bytes
+  // while the GPU decodes batch k. Null where nothing decodes on the GPU.
+  std::array<std::unique_ptr<GpuDecoder>, 2> decoders_;
+  size_t next_decoder_ = 0;
+  std::array<uint64_t, 2> pending_index_{};   // the batch each decoder's pending decode belongs to
   std::unique_ptr<DeviceFileReader> reader_;  // where chunks are read by cuFile
   DeviceBuffer located_;                      // the compressed chunks cuFile read
   bool located_registered_ = false;           // located_ is registered with cuFile
   std::vector<GpuCodec> codecs_;  // per host array: how nvCOMP decodes its chunks (where it does)
   std::vector<GpuDecodeItem> items_;
   std::vector<const uint8_t*> device_src_;  // per compressed chunk: where cuFile put it, or null
-  // decode="auto": batches measured per path (the first of each path is left out as warm-up).
+  // decode="auto": each batch's cost per path, the first kProbeWarmUp of a path left out (they
+  // pay for allocations, registrations and a pipeline filling up).
   std::vector<double> probe_cpu_ms_, probe_gpu_ms_;
   bool probing_ = false;
-  static constexpr size_t kProbeBatches = 3;  // measured per path (after one warm-up each)
-  uint64_t pending_index_ = 0;                // the batch whose GPU decode is pending
+  static constexpr size_t kProbeWarmUp = 2;
+  static constexpr size_t kProbeBatches = 4;  // measured per path after the warm-up
   std::optional<uint64_t> cpu_until_;         // decode on the CPU up to this batch (a failure)
 };
 

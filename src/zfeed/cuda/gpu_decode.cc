@@ -68,12 +68,18 @@ void GpuDecoder::decode(std::span<const GpuDecodeItem> items, cudaStream_t strea
   enqueue(items, stream);
 }
 
-void GpuDecoder::enqueue(std::span<const GpuDecodeItem> items, cudaStream_t) {
+void GpuDecoder::enqueue(std::span<const GpuDecodeItem> items, cudaStream_t stream) {
+  prepare(items, stream);
+}
+
+void GpuDecoder::prepare(std::span<const GpuDecodeItem> items, cudaStream_t) {
   for (const GpuDecodeItem& item : items) {
     if (item.decoded_size > 0)
       throw UnsupportedError(std::string("GPU decoding is unavailable: ") + kNoNvcomp);
   }
 }
+
+void GpuDecoder::submit() {}
 
 void GpuDecoder::finish() {}
 bool GpuDecoder::pending() const { return false; }
@@ -236,6 +242,14 @@ struct Group {
   size_t max_chunk = 0, total = 0;
 };
 
+// A device chunk whose payload nvCOMP cannot read in place: copied into the payload area.
+struct Realign {
+  size_t position;  // in the sorted arrays
+  size_t offset;    // into the device buffer
+  const void* src;  // the stored bytes on the device
+  size_t size;
+};
+
 struct Bounce {
   size_t position;  // in the sorted arrays
   void* dst;
@@ -269,6 +283,14 @@ struct GpuDecoder::Impl {
     int64_t verdict = -1;  // its verdict's index, where its bytes were checked on the GPU
   };
   std::vector<Record> records;  // by sorted position
+  std::vector<Realign> realigns;
+  // Between prepare() and submit(): the staged batch's bytes (arrays and payloads) and payloads.
+  bool prepared = false;
+  size_t staged_bytes = 0, payload_bytes = 0;
+  // Recorded after the batch's last step on the stream: finish() waits for this batch only, so
+  // other work on the stream (another decoder's batch) goes on. Made by the first submit(): a
+  // decoder is made (and given empty batches) where no driver runs.
+  std::unique_ptr<Event> done;
   bool pending = false;
   bool launched = false;  // a batch is on the device (relaunch() may run it again)
   cudaStream_t stream = nullptr;
@@ -385,8 +407,10 @@ struct GpuDecoder::Impl {
     for (std::thread& thread : pool_threads) thread.join();
   }
 
-  void enqueue(std::span<const GpuDecodeItem> items, cudaStream_t s) {
-    if (pending) throw Error("GpuDecoder: enqueue() before finish() of the previous batch");
+  // The host's half: checks, layout, device buffers grown, arrays and payloads staged.
+  void prepare(std::span<const GpuDecodeItem> items, cudaStream_t s) {
+    if (pending) throw Error("GpuDecoder: prepare() before finish() of the previous batch");
+    prepared = false;
     // Check every chunk on the host first: nothing reaches the GPU from a bad batch.
     std::vector<GpuPayload> payloads(items.size());
     std::vector<size_t> todo;
@@ -424,18 +448,14 @@ struct GpuDecoder::Impl {
     layout.n = n;
     layout.m = 0;
     for (size_t index : order) layout.m += items[index].src_on_device ? 1 : 0;
-    // Device chunks whose payload nvCOMP cannot read in place get a copy in the payload area.
-    struct Realign {
-      size_t position;
-      size_t offset;
-    };
-    std::vector<Realign> realigns;
+    realigns.clear();
     groups.clear();
     bounces.clear();
     records.clear();
     records.reserve(n);
     std::vector<size_t> offsets(n);
-    size_t at = layout.payloads(), payload_bytes = 0, bounce_bytes = 0;
+    payload_bytes = 0;
+    size_t at = layout.payloads(), bounce_bytes = 0;
     for (size_t pos = 0; pos < n; ++pos) {
       const GpuDecodeItem& item = items[order[pos]];
       const Family family = family_of(item.codec);
@@ -452,7 +472,7 @@ struct GpuDecoder::Impl {
         const size_t needed = std::max<size_t>(alignments[static_cast<int>(family)].input, 1);
         if (payload_address % needed != 0) {
           at = round_up(at + skip, input_alignment) - skip;
-          realigns.push_back({pos, at});
+          realigns.push_back({pos, at, item.src, item.src_size});
           at += item.src_size;
         }
       } else {
@@ -515,12 +535,22 @@ struct GpuDecoder::Impl {
       reinterpret_cast<nvcompStatus_t*>(host + layout.statuses())[pos] = nvcompSuccess;
     }
     copy_payloads(items, offsets, payloads, payload_bytes);
+    staged_bytes = total;
+    stream = s;
+    prepared = true;
+  }
 
-    check(cudaMemcpyAsync(base, host, total, cudaMemcpyHostToDevice, s),
+  // The GPU's half, enqueued on the stream prepare() was given.
+  void submit() {
+    if (!prepared) return;  // nothing to decode
+    prepared = false;
+    const cudaStream_t s = stream;
+    uint8_t* host = staging.data();
+    uint8_t* base = device.data();
+    check(cudaMemcpyAsync(base, host, staged_bytes, cudaMemcpyHostToDevice, s),
           "cudaMemcpyAsync (GPU decode input)");
     for (const Realign& r : realigns) {
-      const GpuDecodeItem& item = items[order[r.position]];
-      check(cudaMemcpyAsync(base + r.offset, item.src, item.src_size, cudaMemcpyDeviceToDevice, s),
+      check(cudaMemcpyAsync(base + r.offset, r.src, r.size, cudaMemcpyDeviceToDevice, s),
             "cudaMemcpyAsync (aligning a chunk read to the device)");
     }
     DeviceFrameChecks checks;
@@ -541,10 +571,11 @@ struct GpuDecoder::Impl {
       check(cudaMemcpyAsync(host + layout.verdicts(), base + layout.verdicts(),
                             layout.verdicts_bytes(), cudaMemcpyDeviceToHost, s),
             "cudaMemcpyAsync (GPU frame checks)");
+    if (!done) done = std::make_unique<Event>();
+    done->record(s);
     pending = true;
-    stream = s;
     ++stats.batches;
-    stats.items += n;
+    stats.items += layout.n;
     stats.compressed_bytes += payload_bytes;
     for (const Record& r : records) stats.decoded_bytes += r.decoded_size;
     stats.bounced_items += bounces.size();
@@ -555,11 +586,11 @@ struct GpuDecoder::Impl {
   void finish() {
     if (!pending) return;
     pending = false;
-    if (const cudaError_t error = cudaStreamSynchronize(stream); error != cudaSuccess) {
+    if (const cudaError_t error = cudaEventSynchronize(done->get()); error != cudaSuccess) {
       launched = false;
       throw Error("GPU decode of " + std::to_string(layout.n) + " chunks (" + records.front().key +
                   (layout.n > 1 ? " ... " + records.back().key : std::string()) +
-                  "): cuda: cudaStreamSynchronize: " + cudaGetErrorName(error) + ": " +
+                  "): cuda: cudaEventSynchronize: " + cudaGetErrorName(error) + ": " +
                   cudaGetErrorString(error));
     }
     const uint8_t* host = staging.data();
@@ -602,17 +633,25 @@ GpuDecoder::GpuDecoder(GpuDecoderOptions options)
 
 GpuDecoder::~GpuDecoder() {
   // The staging buffer must not return to a shared pool while the GPU may still read it.
-  if (impl_->pending) cudaStreamSynchronize(impl_->stream);
+  if (impl_->pending) cudaEventSynchronize(impl_->done->get());
 }
 
 void GpuDecoder::decode(std::span<const GpuDecodeItem> items, cudaStream_t stream) {
-  impl_->enqueue(items, stream);
+  impl_->prepare(items, stream);
+  impl_->submit();
   impl_->finish();
 }
 
 void GpuDecoder::enqueue(std::span<const GpuDecodeItem> items, cudaStream_t stream) {
-  impl_->enqueue(items, stream);
+  impl_->prepare(items, stream);
+  impl_->submit();
 }
+
+void GpuDecoder::prepare(std::span<const GpuDecodeItem> items, cudaStream_t stream) {
+  impl_->prepare(items, stream);
+}
+
+void GpuDecoder::submit() { impl_->submit(); }
 
 void GpuDecoder::finish() { impl_->finish(); }
 bool GpuDecoder::pending() const { return impl_->pending; }

@@ -115,11 +115,19 @@ class GpuDecoder {
   // decode() in two halves, so the host can work while the GPU decodes. enqueue() checks the
   // chunks' containers (throwing before any GPU work for a bad one), stages them and enqueues the
   // copy, the decompression and the read-back of the results on `stream`, and returns; the items'
-  // src buffers may be reused at once. finish() waits for the stream and checks every chunk. Until
+  // src buffers may be reused at once. finish() waits for that work and checks every chunk. Until
   // finish() returns, the dst buffers must not be read and enqueue() must not be called again.
   void enqueue(std::span<const GpuDecodeItem> items, cudaStream_t stream);
   void finish();
   bool pending() const;
+
+  // enqueue() in two halves again: prepare() does the host's work (the checks, staging the bytes
+  // in pinned memory; it throws for a bad chunk) and submit() enqueues the GPU's work on the
+  // stream prepare() was given. Between the two the caller may enqueue other work on that stream
+  // (and time the GPU's part alone). finish() waits only for this decoder's last batch, so two
+  // decoders on one stream take turns: one prepares a batch while the GPU decodes the other's.
+  void prepare(std::span<const GpuDecodeItem> items, cudaStream_t stream);
+  void submit();
 
   // Enqueues the last batch's decompression again on `stream` (its compressed bytes are still on
   // the device), without waiting or checking: for benchmarks that time the decoder alone.
