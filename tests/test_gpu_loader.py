@@ -249,6 +249,9 @@ def test_auto_decode_measures_both_paths_and_says_which(tmp_path):
     decode = loader.stats()["device"]["decode"]
     assert decode["asked"] == "auto" and decode["mode"] in ("cpu", "gpu")
     assert decode["reason"].startswith("auto: ") and decode["auto_cpu_ms_per_batch"] > 0
+    for path, parts in decode["auto_parts_ms"].items():  # the cost is the most of the parts
+        assert parts["gpu"] > 0 and set(parts) == {"host_loader", "staging", "gpu"}
+        assert max(parts.values()) <= decode[f"auto_{path}_ms_per_batch"] + 1e-9
 
 
 def cufile_usable():

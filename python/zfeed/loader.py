@@ -335,7 +335,9 @@ class Loader:
         the copies, nvCOMP decodes included), copies_timed and copy_bytes_timed (the batches and
         bytes in copy_s: their ratio is the copy rate), chunks_gpu_decoded, bytes_gpu_decoded, compressed_to_device,
         gpu_decode_failures and last_gpu_decode_error (such batches decode again on the CPU), decode:
-        {asked, mode, reason, auto_cpu_ms_per_batch, auto_gpu_ms_per_batch}, and read: {asked, mode
+        {asked, mode, reason, auto_cpu_ms_per_batch, auto_gpu_ms_per_batch, auto_parts_ms: {cpu, gpu:
+        {host_loader, staging, gpu}}} (decode="auto": each path's median cost per batch, the most of
+        its parts, which overlap while batches stream), and read: {asked, mode
         ("gds" or "compat": cuFile into GPU memory; "host"), reason, chunks_to_device,
         bytes_to_device, cufile_bytes, fallback_bytes, failures, last_error}."""
         return json.loads(self._core.stats_json())

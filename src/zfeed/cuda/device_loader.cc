@@ -67,6 +67,9 @@ void DeviceBatch::Handle::used_on(cudaStream_t stream) {
 }
 
 Json DeviceLoaderStats::to_json() const {
+  auto parts_json = [](const ProbeParts& p) {
+    return Json{{"host_loader", p.host}, {"staging", p.staging}, {"gpu", p.gpu}};
+  };
   return Json{{"batches", batches},
               {"bytes_to_device", bytes_to_device},
               {"bytes_delivered", bytes_delivered},
@@ -87,7 +90,9 @@ Json DeviceLoaderStats::to_json() const {
                 {"mode", decode_mode},
                 {"reason", decode_reason},
                 {"auto_cpu_ms_per_batch", auto_cpu_ms},
-                {"auto_gpu_ms_per_batch", auto_gpu_ms}}},
+                {"auto_gpu_ms_per_batch", auto_gpu_ms},
+                {"auto_parts_ms",
+                 {{"cpu", parts_json(auto_cpu_parts)}, {"gpu", parts_json(auto_gpu_parts)}}}}},
               {"read",
                {{"asked", read_asked},
                 {"mode", read_mode},
@@ -516,7 +521,7 @@ std::optional<DeviceBatch> DeviceLoader::next_batch() {
   if (probing_) probe(flight);
   if (cpu_until_ && flight.batch.index >= *cpu_until_) {  // the failed batch is out: GPU again
     cpu_until_.reset();
-    host_->set_pass_compressed(probing_ ? probe_cpu_ms_.size() >= kProbeWarmUp + kProbeBatches
+    host_->set_pass_compressed(probing_ ? probe_cpu_.size() >= kProbeWarmUp + kProbeBatches
                                         : stats_.decode_mode == "gpu");
   }
   copying_.push_back(std::move(flight.copy));
@@ -557,32 +562,49 @@ void DeviceLoader::reset_pipeline() {
 
 void DeviceLoader::probe(const InFlight& flight) {
   flight.slot->ready.synchronize();
-  const double gpu_ms = flight.slot->ready.elapsed_ms_since(*flight.copy.started);
-  const double cost = std::max({gpu_ms, static_cast<double>(flight.host_ns) * 1e-6,
-                                static_cast<double>(flight.prepare_ns) * 1e-6});
-  auto& samples = flight.gpu_decoded ? probe_gpu_ms_ : probe_cpu_ms_;
-  samples.push_back(cost);
+  DeviceLoaderStats::ProbeParts parts;
+  parts.host = static_cast<double>(flight.host_ns) * 1e-6;
+  parts.staging = static_cast<double>(flight.prepare_ns) * 1e-6;
+  parts.gpu = flight.slot->ready.elapsed_ms_since(*flight.copy.started);
+  auto& samples = flight.gpu_decoded ? probe_gpu_ : probe_cpu_;
+  samples.push_back(parts);
   constexpr size_t kNeeded = kProbeWarmUp + kProbeBatches;
-  if (!flight.gpu_decoded && probe_cpu_ms_.size() == kNeeded && !cpu_until_)
+  if (!flight.gpu_decoded && probe_cpu_.size() == kNeeded && !cpu_until_)
     host_->set_pass_compressed(true);  // the CPU path is measured: now the GPU's
-  if (probe_gpu_ms_.size() < kNeeded || probe_cpu_ms_.size() < kNeeded) return;
-  // The median of the measured batches: one slow batch (a page fault storm, a first touch) does
-  // not decide.
+  if (probe_gpu_.size() < kNeeded || probe_cpu_.size() < kNeeded) return;
+  // Medians of the measured batches: one slow batch (page faults, a first touch) does not decide.
+  // A batch costs the most of its parts, which overlap while batches stream.
   auto median = [](std::vector<double> v) {
-    v.erase(v.begin(), v.begin() + kProbeWarmUp);
     std::sort(v.begin(), v.end());
     const size_t n = v.size();
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
   };
-  stats_.auto_cpu_ms = median(probe_cpu_ms_);
-  stats_.auto_gpu_ms = median(probe_gpu_ms_);
+  auto summarize = [&](const std::vector<DeviceLoaderStats::ProbeParts>& all,
+                       DeviceLoaderStats::ProbeParts& medians) {
+    std::vector<double> host, staging, gpu, cost;
+    for (size_t i = kProbeWarmUp; i < all.size(); ++i) {
+      host.push_back(all[i].host);
+      staging.push_back(all[i].staging);
+      gpu.push_back(all[i].gpu);
+      cost.push_back(std::max({all[i].host, all[i].staging, all[i].gpu}));
+    }
+    medians = {median(host), median(staging), median(gpu)};
+    return median(cost);
+  };
+  stats_.auto_cpu_ms = summarize(probe_cpu_, stats_.auto_cpu_parts);
+  stats_.auto_gpu_ms = summarize(probe_gpu_, stats_.auto_gpu_parts);
   const bool gpu = stats_.auto_gpu_ms < stats_.auto_cpu_ms;
   host_->set_pass_compressed(gpu && !cpu_until_);
   stats_.decode_mode = gpu ? "gpu" : "cpu";
-  char text[160];
-  std::snprintf(text, sizeof text, "auto: %.1f ms per batch decoding on the GPU, %.1f on the CPU",
-                stats_.auto_gpu_ms, stats_.auto_cpu_ms);
-  stats_.decode_reason = text;
+  auto describe = [](double ms, const DeviceLoaderStats::ProbeParts& p) {
+    char text[160];
+    std::snprintf(text, sizeof text, "%.1f ms (host loader %.1f, staging %.1f, GPU %.1f)", ms,
+                  p.host, p.staging, p.gpu);
+    return std::string(text);
+  };
+  stats_.decode_reason = "auto: per batch " + describe(stats_.auto_gpu_ms, stats_.auto_gpu_parts) +
+                         " decoding on the GPU, " +
+                         describe(stats_.auto_cpu_ms, stats_.auto_cpu_parts) + " on the CPU";
   probing_ = false;
 }
 

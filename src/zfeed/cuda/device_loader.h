@@ -126,6 +126,11 @@ struct DeviceLoaderStats {
   // consumer thread's staging and the GPU's time, in ms).
   std::string decode_asked, decode_mode, decode_reason;
   double auto_cpu_ms = 0, auto_gpu_ms = 0;
+  // Their parts (medians, ms): the host loader's assembly, the consumer thread's staging, the GPU.
+  struct ProbeParts {
+    double host = 0, staging = 0, gpu = 0;
+  };
+  ProbeParts auto_cpu_parts, auto_gpu_parts;
   // read: how chunks that decode on the GPU are read: asked ("auto", "on", "off"), mode ("gds" or
   // "compat": cuFile into GPU memory; "host": the host loader's reads), why; what cuFile read.
   std::string read_asked, read_mode = "host", read_reason;
@@ -223,11 +228,11 @@ class DeviceLoader {
   std::vector<GpuCodec> codecs_;  // per host array: how nvCOMP decodes its chunks (where it does)
   std::vector<GpuDecodeItem> items_;
   std::vector<const uint8_t*> device_src_;  // per compressed chunk: where cuFile put it, or null
-  // decode="auto": each batch's cost per path, the first kProbeWarmUp of a path left out (they
-  // pay for allocations, registrations and a pipeline filling up).
-  std::vector<double> probe_cpu_ms_, probe_gpu_ms_;
+  // decode="auto": each batch's parts per path, the first kProbeWarmUp of a path left out (they
+  // pay for allocations, registrations, each decoder's first batch, a pipeline filling up).
+  std::vector<DeviceLoaderStats::ProbeParts> probe_cpu_, probe_gpu_;
   bool probing_ = false;
-  static constexpr size_t kProbeWarmUp = 2;
+  static constexpr size_t kProbeWarmUp = 3;
   static constexpr size_t kProbeBatches = 4;  // measured per path after the warm-up
   std::optional<uint64_t> cpu_until_;         // decode on the CPU up to this batch (a failure)
 };
