@@ -243,15 +243,15 @@ def test_a_corrupt_chunk_decoded_on_the_gpu_names_the_key_and_stops_cleanly(tmp_
 def test_auto_decode_measures_both_paths_and_says_which(tmp_path):
     path = make_codec_store(tmp_path / "auto.zarr", "zstd:3")
     loader = zfeed.Loader(path, inputs=NAMES, targets=NAMES, batch_size=2, device="cuda", decode="auto")
-    for _ in range(3):  # 19 batches an epoch; the probe measures 6 per path
+    for _ in range(3):  # 19 batches an epoch; the probe measures 8 per path
         for batch in loader:
             pass
     decode = loader.stats()["device"]["decode"]
     assert decode["asked"] == "auto" and decode["mode"] in ("cpu", "gpu")
     assert decode["reason"].startswith("auto: ") and decode["auto_cpu_ms_per_batch"] > 0
-    for path, parts in decode["auto_parts_ms"].items():  # the cost is the most of the parts
+    for path, parts in decode["auto_parts_ms"].items():  # a path's cost is its slowest stage
         assert parts["gpu"] > 0 and set(parts) == {"host_loader", "staging", "gpu"}
-        assert max(parts.values()) <= decode[f"auto_{path}_ms_per_batch"] + 1e-9
+        assert max(parts.values()) == pytest.approx(decode[f"auto_{path}_ms_per_batch"])
 
 
 def cufile_usable():

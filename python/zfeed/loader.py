@@ -336,8 +336,9 @@ class Loader:
         bytes in copy_s: their ratio is the copy rate), chunks_gpu_decoded, bytes_gpu_decoded, compressed_to_device,
         gpu_decode_failures and last_gpu_decode_error (such batches decode again on the CPU), decode:
         {asked, mode, reason, auto_cpu_ms_per_batch, auto_gpu_ms_per_batch, auto_parts_ms: {cpu, gpu:
-        {host_loader, staging, gpu}}} (decode="auto": each path's median cost per batch, the most of
-        its parts, which overlap while batches stream), and read: {asked, mode
+        {host_loader, staging, gpu}}} (decode="auto": each stage's median time per batch on each
+        path; the stages overlap while batches stream, so a path's cost is its slowest), and read:
+        {asked, mode
         ("gds" or "compat": cuFile into GPU memory; "host"), reason, chunks_to_device,
         bytes_to_device, cufile_bytes, fallback_bytes, failures, last_error}."""
         return json.loads(self._core.stats_json())

@@ -122,8 +122,8 @@ struct DeviceLoaderStats {
   uint64_t gpu_decode_failures = 0;   // batches nvCOMP (or the host's check) rejected a chunk of
   std::string last_gpu_decode_error;
   // decode: what was asked, what runs ("cpu" or "gpu"), why; with "auto", the measured cost per
-  // batch of each path (the median over the probe's batches of the most of host assembly, the
-  // consumer thread's staging and the GPU's time, in ms).
+  // batch of each path (the most of its stages' medians over the probe's batches: host assembly,
+  // the consumer thread's staging, the GPU's time; in ms).
   std::string decode_asked, decode_mode, decode_reason;
   double auto_cpu_ms = 0, auto_gpu_ms = 0;
   // Their parts (medians, ms): the host loader's assembly, the consumer thread's staging, the GPU.
@@ -196,9 +196,9 @@ class DeviceLoader {
   // `device_src` (by index in memory.compressed).
   void read_to_device(const loader::BatchMemory& memory, std::vector<const uint8_t*>& device_src);
   [[noreturn]] void read_failed(const Error& error);
-  // decode="auto": the batch's cost, the most of the three parts that overlap when batches stream
-  // (the host loader's assembly, this thread's work in enqueue(), the GPU's work); once both
-  // paths have kProbeBatches measured, keeps the one with the lower median.
+  // decode="auto": times the batch's three stages, which overlap while batches stream (the host
+  // loader's assembly, this thread's work in enqueue(), the GPU's work); once both paths have
+  // kProbeBatches measured, keeps the one whose slowest stage (by its median) is faster.
   void probe(const InFlight& flight);
   void drain();  // waits for the copy stream and drops everything in flight
   void release_copied_host_batches(bool wait_for_all);
@@ -233,7 +233,7 @@ class DeviceLoader {
   std::vector<DeviceLoaderStats::ProbeParts> probe_cpu_, probe_gpu_;
   bool probing_ = false;
   static constexpr size_t kProbeWarmUp = 3;
-  static constexpr size_t kProbeBatches = 4;  // measured per path after the warm-up
+  static constexpr size_t kProbeBatches = 5;  // measured per path after the warm-up
   std::optional<uint64_t> cpu_until_;         // decode on the CPU up to this batch (a failure)
 };
 
