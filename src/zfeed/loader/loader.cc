@@ -16,6 +16,7 @@
 #include <unordered_map>
 
 #include "zfeed/codec/data_type.h"
+#include "zfeed/loader/cast_values.h"
 #include "zfeed/util/error.h"
 #include "zfeed/util/fork_gate.h"
 #include "zfeed/util/io_counters.h"
@@ -82,106 +83,6 @@ VariableSpec parse_variable(const Json& value, const char* role) {
   if (spec.mean.empty() != spec.std.empty())
     throw Error(what + "give both mean and std, or neither");
   return spec;
-}
-
-// Input element tags for values stored as 16-bit floats.
-struct Float16Bits {
-  uint16_t bits;
-};
-struct BFloat16Bits {
-  uint16_t bits;
-};
-
-template <typename T>
-float to_float(T value) {
-  if constexpr (std::is_same_v<T, Float16Bits>) {
-    return static_cast<float>(float16_to_double(value.bits));
-  } else if constexpr (std::is_same_v<T, BFloat16Bits>) {
-    uint32_t bits = uint32_t{value.bits} << 16;  // exact: bfloat16 is a float32's top half
-    float out;
-    std::memcpy(&out, &bits, 4);
-    return out;
-  } else {
-    return static_cast<float>(value);
-  }
-}
-
-template <typename T, OutputType Out>
-void cast_run(const uint8_t* src, uint8_t* dst, size_t count, Normalization normalization) {
-  constexpr size_t kOut = Out == OutputType::kInt64 ? 8 : (Out == OutputType::kFloat32 ? 4 : 2);
-  if constexpr (Out == OutputType::kInt64 && !std::is_same_v<T, Float16Bits> &&
-                !std::is_same_v<T, BFloat16Bits> && std::is_integral_v<T>) {
-    // Integer labels: exact, never through float.
-    for (size_t i = 0; i < count; ++i) {
-      T value;
-      std::memcpy(&value, src + i * sizeof(T), sizeof(T));
-      const int64_t label = static_cast<int64_t>(value);
-      std::memcpy(dst + i * kOut, &label, kOut);
-    }
-  } else if (normalization.enabled) {
-    for (size_t i = 0; i < count; ++i) {
-      T value;
-      std::memcpy(&value, src + i * sizeof(T), sizeof(T));
-      store_value(normalization.apply(to_float(value)), Out, dst + i * kOut);
-    }
-  } else {
-    for (size_t i = 0; i < count; ++i) {
-      T value;
-      std::memcpy(&value, src + i * sizeof(T), sizeof(T));
-      store_value(to_float(value), Out, dst + i * kOut);
-    }
-  }
-}
-
-template <typename T>
-void cast_to(const uint8_t* src, uint8_t* dst, OutputType out, size_t count,
-             Normalization normalization) {
-  switch (out) {
-    case OutputType::kFloat32:
-      return cast_run<T, OutputType::kFloat32>(src, dst, count, normalization);
-    case OutputType::kFloat16:
-      return cast_run<T, OutputType::kFloat16>(src, dst, count, normalization);
-    case OutputType::kBFloat16:
-      return cast_run<T, OutputType::kBFloat16>(src, dst, count, normalization);
-    case OutputType::kInt64:
-      return cast_run<T, OutputType::kInt64>(src, dst, count, normalization);
-  }
-}
-
-// Casts (and normalizes) `count` values of `type` at `src` into `out` values at `dst`. src may
-// equal dst when both elements have the same size (float32 in place).
-void cast_values(const uint8_t* src, DataType type, uint8_t* dst, OutputType out, size_t count,
-                 Normalization normalization) {
-  switch (type.id) {
-    case DataTypeId::kBool:
-    case DataTypeId::kUInt8:
-      return cast_to<uint8_t>(src, dst, out, count, normalization);
-    case DataTypeId::kInt8:
-      return cast_to<int8_t>(src, dst, out, count, normalization);
-    case DataTypeId::kInt16:
-      return cast_to<int16_t>(src, dst, out, count, normalization);
-    case DataTypeId::kUInt16:
-      return cast_to<uint16_t>(src, dst, out, count, normalization);
-    case DataTypeId::kInt32:
-      return cast_to<int32_t>(src, dst, out, count, normalization);
-    case DataTypeId::kUInt32:
-      return cast_to<uint32_t>(src, dst, out, count, normalization);
-    case DataTypeId::kInt64:
-      return cast_to<int64_t>(src, dst, out, count, normalization);
-    case DataTypeId::kUInt64:
-      return cast_to<uint64_t>(src, dst, out, count, normalization);
-    case DataTypeId::kFloat32:
-      return cast_to<float>(src, dst, out, count, normalization);
-    case DataTypeId::kFloat64:
-      return cast_to<double>(src, dst, out, count, normalization);
-    case DataTypeId::kFloat16:
-      return cast_to<Float16Bits>(src, dst, out, count, normalization);
-    case DataTypeId::kBFloat16:
-      return cast_to<BFloat16Bits>(src, dst, out, count, normalization);
-    default:
-      throw UnsupportedError("loader: cannot cast " + std::string(type.name()) + " to " +
-                             output_name(out));
-  }
 }
 
 bool is_integer_type(DataType type) {
@@ -925,17 +826,18 @@ void Loader::read_direct_piece(const Piece& piece, BatchMemory* memory) {
   const IoCounters io_before = io;
   const auto start = Clock::now();
   uint64_t decode_end_ns = 0;
-  if (type.id == DataTypeId::kFloat32 && piece.out == OutputType::kFloat32) {
-    array.read(selection, piece.dst);
+  if (type.id == DataTypeId::kFloat32 && piece.out == OutputType::kFloat32 &&
+      !piece.normalization.enabled) {
+    array.read(selection, piece.dst);  // raw values: decoded straight into the batch
     decode_end_ns = elapsed_ns(start);
-    if (piece.normalization.enabled) {
-      cast_values(piece.dst, type, piece.dst, piece.out, plane, piece.normalization);
-    }
   } else {
+    // Decoded into this thread's scratch (reused, so mostly in cache), then cast and normalized
+    // into the batch with streaming stores: the batch's lines are written once and never read
+    // here, where decoding in place and normalizing there read and wrote each line twice.
     ScratchBuffer scratch(plane * type.size());
     array.read(selection, scratch.data());
     decode_end_ns = elapsed_ns(start);
-    cast_values(scratch.data(), type, piece.dst, piece.out, plane, piece.normalization);
+    stream_values(scratch.data(), type, piece.dst, piece.out, plane, piece.normalization);
   }
   const uint64_t total_ns = elapsed_ns(start);
   const uint64_t io_ns = io.read_ns - io_before.read_ns;
@@ -1073,12 +975,15 @@ void Loader::scatter_cached_piece(const Piece& piece, const ChunkMap& chunks) co
       const uint64_t y1 = std::min(piece.lat_start + lat_, start[r - 2] + rows);
       const uint64_t x0 = std::max(piece.lon_start, start[r - 1]);
       const uint64_t x1 = std::min(piece.lon_start + lon_, start[r - 1] + cols);
-      for (uint64_t row = y0; row < y1; ++row) {
+      // Rows that span both the chunk's and the piece's width are one run in both.
+      const bool whole_rows = x1 - x0 == cols && cols == lon_;
+      const uint64_t run_rows = whole_rows ? y1 - y0 : 1;
+      for (uint64_t row = y0; row < y1; row += run_rows) {
         const uint64_t src =
             (plane_index * rows + (row - start[r - 2])) * cols + (x0 - start[r - 1]);
         const uint64_t dst = (row - piece.lat_start) * lon_ + (x0 - piece.lon_start);
-        cast_values(bytes.data() + src * element, type, piece.dst + dst * out_size, piece.out,
-                    x1 - x0, piece.normalization);
+        stream_values(bytes.data() + src * element, type, piece.dst + dst * out_size, piece.out,
+                      (x1 - x0) * run_rows, piece.normalization);
       }
     }
   }
