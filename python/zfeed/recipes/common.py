@@ -614,9 +614,11 @@ def plot_throughput(path: str, summaries: Sequence[dict], title: str = "") -> No
                             xytext=(0, 2), textcoords="offset points")
     ax.set_xticks(range(len(sources)))
     ax.set_xticklabels(sources)
-    # load-only can run orders of magnitude above training: a log axis keeps every bar readable.
-    medians = [x["samples_per_s"]["median"] for x in summaries if x["samples_per_s"]["median"]]
-    log_scale = bool(medians) and max(medians) > 20 * min(medians)
+    # load-only can run orders of magnitude above training (its 90th percentile too, where batches
+    # were already waiting): a log axis keeps every bar readable.
+    spread = [x["samples_per_s"][k] for x in summaries for k in ("median", "p10", "p90")
+              if x["samples_per_s"].get(k)]
+    log_scale = bool(spread) and max(spread) > 20 * min(spread)
     if log_scale:
         ax.set_yscale("log")
     ax.set_ylabel("samples/s (median, 10th-90th pct)" + (", log scale" if log_scale else ""))
