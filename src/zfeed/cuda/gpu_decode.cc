@@ -284,7 +284,7 @@ struct GpuDecoder::Impl {
   };
   std::vector<Record> records;  // by sorted position
   std::vector<Realign> realigns;
-  // Between prepare() and submit(): the staged batch's bytes (arrays and payloads) and payloads.
+  // Between prepare() and submit(): the bytes staged (arrays and payloads), of them the payloads'.
   bool prepared = false;
   size_t staged_bytes = 0, payload_bytes = 0;
   // Recorded after the batch's last step on the stream: finish() waits for this batch only, so

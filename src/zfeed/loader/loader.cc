@@ -3,16 +3,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
-#include <cstring>
 #include <deque>
 #include <exception>
 #include <mutex>
-#include <new>
-#include <sstream>
-#include <type_traits>
 #include <unordered_map>
 
 #include "zfeed/codec/data_type.h"
@@ -774,8 +771,9 @@ void Loader::assemble_batch(uint64_t epoch, std::optional<uint64_t> batch,
   if (memory) memory->assemble_ns = batch_ns;
 }
 
-// A piece read alone: straight into the batch (float32 to float32 decodes in place), then cast
-// and normalized while the plane is still in cache; or, handed over compressed, only read.
+// A piece read alone: raw float32 decodes straight into the batch; anything else decodes into
+// the thread's scratch and is cast and normalized into the batch (stream_values). Handed over
+// compressed, it is only read.
 void Loader::read_direct_piece(const Piece& piece, BatchMemory* memory) {
   const size_t plane = lat_ * lon_;
   const zarr::Array& array = arrays_[piece.array];
