@@ -7,9 +7,11 @@ variables, 1 time step per chunk, zstd level 3, float32, 640 x 1280 by default):
    same bytes in the same run (best of 10). Goal: 90% or more.
 2. Loader throughput, decoded GB/s delivered: Loader(device="cuda") (float32 and bfloat16) against
    the CPU loader, and the CPU loader followed by torch's .to("cuda") from pageable memory. Goal:
-   5 GB/s or more with device="cuda".
-3. The forecast recipe on the GPU (`zfeed train forecast --mode real,load-only,synthetic`):
-   real-data throughput as a fraction of synthetic. Goal: 95% or more.
+   5 GB/s or more with device="cuda". The same store written with blosc (--blosc-codec, LZ4 and
+   byte shuffle by default) too, with decode="cpu" and decode="gpu" (blosc's streams on nvCOMP).
+3. The forecast recipe on the GPU (`zfeed train forecast --mode real,load-only,synthetic --source
+   zfeed,baseline`): real-data throughput as a fraction of synthetic, with zfeed and with the
+   xarray + DataLoader baseline as the source. Goal: 95% or more with zfeed.
 
 Prints a Markdown section (gpu-check appends it to its report) and writes gpu_bench.json and
 gpu_bench.png into --out.
@@ -51,7 +53,7 @@ def find_zfeed() -> str:
     raise SystemExit("gpu_bench: the zfeed command was not found (PATH, build/gpu)")
 
 
-def make_store(zfeed: str, path: Path, grid: str, times: int) -> None:
+def make_store(zfeed: str, path: Path, grid: str, times: int, codec: str = "zstd:3") -> None:
     if (path / "zarr.json").exists():
         log(f"store: reusing {path}")
         return
@@ -59,7 +61,7 @@ def make_store(zfeed: str, path: Path, grid: str, times: int) -> None:
     partial = path.with_name(path.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     subprocess.run([zfeed, "synth", "era5", str(partial), "--grid", grid, "--times", str(times), "--step", "6h",
-                    "--variables", ",".join(VARIABLES), "--codec", "zstd:3", "--quiet"], check=True)
+                    "--variables", ",".join(VARIABLES), "--codec", codec, "--quiet"], check=True)
     subprocess.run([zfeed, "stats", str(partial)], check=True, capture_output=True)
     partial.rename(path)
     log(f"store: wrote {path} in {time.perf_counter() - start:.1f} s")
@@ -144,10 +146,11 @@ def measure_loader(store: Path, device: str, dtype: str, batch_size: int, second
 
 
 def run_recipe(store: Path, out: Path, steps: int, batch_size: int, extra: list[str],
-               device: str = "cuda") -> dict | None:
+               device: str = "cuda", sources: str = "zfeed,baseline") -> dict | None:
     json_path = out / "gpu_forecast.json"
     command = [sys.executable, "-m", "zfeed.recipes", "forecast", "--store", str(store), "--mode",
-               "real,load-only,synthetic", "--steps", str(steps), "--batch-size", str(batch_size), "--no-val",
+               "real,load-only,synthetic", "--source", sources, "--steps", str(steps), "--batch-size",
+               str(batch_size), "--no-val",
                "--device", device, "--log-every", "0", "--json", str(json_path), "--plot",
                str(out / "gpu_forecast.png"), *extra]
     log("recipe: " + " ".join(command))
@@ -167,7 +170,8 @@ def plot(result: dict, path: Path) -> None:
         import matplotlib.pyplot as plt
         rows = result["loader"]
         fig, ax = plt.subplots(figsize=(10, 4.5))
-        labels = [f"{r['device']}\n{r['dtype']}\ndecode {r['decode']}".replace(", gds", "\ngds") for r in rows]
+        labels = [(f"{r['codec']}\n" if r.get("codec", "zstd:3") != "zstd:3" else "")
+                  + f"{r['device']}\n{r['dtype']}\ndecode {r['decode']}".replace(", gds", "\ngds") for r in rows]
         bars = ax.bar(range(len(rows)), [r["gb_per_s"] for r in rows], color="#1f77b4")
         ax.bar_label(bars, fmt="%.2f", fontsize=8)
         ax.set_xticks(range(len(rows)), labels, fontsize=8)
@@ -193,6 +197,9 @@ def main() -> int:
     parser.add_argument("--train-steps", type=int, default=30)
     parser.add_argument("--train-batch-size", type=int, default=8)
     parser.add_argument("--recipe-args", default="", help="extra arguments of the forecast recipe")
+    parser.add_argument("--recipe-sources", default="zfeed,baseline", help="the recipe's --source")
+    parser.add_argument("--blosc-codec", default="blosc:lz4:5",
+                        help="codec of the second store (loader rows with decode cpu and gpu); '' for none")
     parser.add_argument("--skip", default="", help="comma-separated: copy,loader,recipe")
     parser.add_argument("--plot-from", type=Path, help="measure nothing: plot a saved gpu_bench.json into --out")
     args = parser.parse_args()
@@ -231,18 +238,26 @@ def main() -> int:
                           ("cpu", "float32", True, "cpu", None), ("cpu", "float32", False, "cpu", None)]
         if cufile["available"]:
             configurations.insert(2, ("cuda", "float32", False, "gpu", "on"))
-        for device, dtype, to_cuda, decode, gds in configurations:
-            log(f"loader: device={device} dtype={dtype} decode={decode} gds={gds}{' + .to(cuda)' if to_cuda else ''}")
+        configurations = [(store, "zstd:3", *c) for c in configurations]
+        if args.blosc_codec:
+            blosc_store = args.workdir / f"era5-{args.grid}-t{args.times}-{args.blosc_codec.replace(':', '-')}.zarr"
+            make_store(find_zfeed(), blosc_store, args.grid, args.times, args.blosc_codec)
+            configurations += [(blosc_store, args.blosc_codec, "cuda", "float32", False, "cpu", None),
+                               (blosc_store, args.blosc_codec, "cuda", "float32", False, "gpu", "off")]
+        for path, codec, device, dtype, to_cuda, decode, gds in configurations:
+            log(f"loader: {codec} device={device} dtype={dtype} decode={decode} gds={gds}"
+                f"{' + .to(cuda)' if to_cuda else ''}")
             try:
-                rows.append(measure_loader(store, device, dtype, args.batch_size, args.seconds, to_cuda,
+                rows.append(measure_loader(path, device, dtype, args.batch_size, args.seconds, to_cuda,
                                            decode=decode, gds=gds))
             except Exception as error:  # one failed row must not cost the others
                 log(f"  failed: {error}")
                 continue
+            rows[-1]["codec"] = codec
             log(f"  {rows[-1]['gb_per_s']:.2f} GB/s")
         result["loader"] = rows
-        lines += ["| loader | dtype | decode | samples/s | GB/s delivered | decode in use | goal |",
-                  "|---|---|---|---:|---:|---|---|"]
+        lines += ["| store | loader | dtype | decode | samples/s | GB/s delivered | decode in use | goal |",
+                  "|---|---|---|---|---:|---:|---|---|"]
         for r in rows:
             goal = "5 GB/s" if r["device"] == "cuda" else ""
             used = (r["stats"].get("device") or {}).get("decode", {})
@@ -250,7 +265,7 @@ def main() -> int:
             read = (r["stats"].get("device") or {}).get("read", {})
             if read.get("mode") in ("gds", "compat"):
                 in_use += f"; chunks read by cuFile ({read['mode']})"
-            lines.append(f"| {r['device']} | {r['dtype']} | {r['decode']} | {r['samples_per_s']:.1f} | "
+            lines.append(f"| {r['codec']} | {r['device']} | {r['dtype']} | {r['decode']} | {r['samples_per_s']:.1f} | "
                          f"{r['gb_per_s']:.2f} | {in_use} | {goal} |")
         lines.append("")
         first = rows[0]
@@ -268,7 +283,8 @@ def main() -> int:
 
     if "recipe" not in skip:
         extra = args.recipe_args.split() if args.recipe_args else []
-        recipe = run_recipe(store, args.out, args.train_steps, args.train_batch_size, extra)
+        recipe = run_recipe(store, args.out, args.train_steps, args.train_batch_size, extra,
+                            sources=args.recipe_sources)
         result["recipe"] = recipe
         if recipe:
             summaries = recipe.get("summaries") or recipe.get("runs") or []

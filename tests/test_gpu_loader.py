@@ -189,7 +189,8 @@ def test_gds_needs_a_cuda_device_and_a_known_policy():
 
 
 @needs_gpu
-@pytest.mark.parametrize("compressor", ["zstd:3", "gzip:5", "lz4", "zlib:1", "blosc:lz4:5"])
+@pytest.mark.parametrize("compressor", ["zstd:3", "gzip:5", "lz4", "zlib:1", "blosc:lz4:5", "blosc:zstd:3",
+                                        "blosc:zlib:1", "blosc:blosclz:5"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_gpu_decoded_batches_equal_the_cpu_loaders(tmp_path, compressor, dtype):
     try:
@@ -203,9 +204,9 @@ def test_gpu_decoded_batches_equal_the_cpu_loaders(tmp_path, compressor, dtype):
         np.testing.assert_array_equal(bits(torch_to_numpy(got["inputs"])), bits(want["inputs"]))
         np.testing.assert_array_equal(bits(torch_to_numpy(got["targets"])), bits(want["targets"]))
     decode = gpu.stats()["device"]
-    if compressor.startswith("blosc"):  # nvCOMP has no blosc: the CPU decodes, and says why
-        assert decode["chunks_gpu_decoded"] == 0 and "nvCOMP" in decode["decode"]["reason"]
-    else:
+    if compressor.startswith("blosc:blosclz"):  # nvCOMP has no blosclz: the CPU decodes, and says why
+        assert decode["chunks_gpu_decoded"] == 0 and "blosclz inside" in decode["decode"]["reason"]
+    else:  # blosc with lz4, zstd or zlib inside too: split into its streams
         assert decode["decode"]["mode"] == "gpu" and decode["chunks_gpu_decoded"] > 0
 
 
@@ -330,9 +331,17 @@ def test_gds_on_without_gpu_decoding_says_why(tmp_path):
     path = make_codec_store(tmp_path / "cpu.zarr", "zstd:3")
     with pytest.raises(zfeed.UnsupportedError, match="gds='on' reads the chunks that decode on the GPU, but decode='cpu'"):
         zfeed.Loader(path, inputs=NAMES, device="cuda", decode="cpu", gds="on")
-    blosc = make_codec_store(tmp_path / "blosc.zarr", "blosc:lz4:5")
+    blosclz = make_codec_store(tmp_path / "blosclz.zarr", "blosc:blosclz:5")
     with pytest.raises(zfeed.UnsupportedError, match="gds='on' reads .* but no array's chunks decode on the GPU"):
+        zfeed.Loader(blosclz, inputs=NAMES, device="cuda", decode="gpu", gds="on")
+    # Blosc chunks decode on the GPU, but the host splits them into their streams, so it reads them.
+    blosc = make_codec_store(tmp_path / "blosc.zarr", "blosc:lz4:5")
+    with pytest.raises(zfeed.UnsupportedError, match="gds=on: no chunk can be read into GPU memory: the chunks are blosc's"):
         zfeed.Loader(blosc, inputs=NAMES, device="cuda", decode="gpu", gds="on")
+    loader = zfeed.Loader(blosc, inputs=NAMES, device="cuda", decode="gpu", gds="auto")
+    next(iter(loader))
+    device = loader.stats()["device"]
+    assert device["read"]["mode"] == "host" and device["chunks_gpu_decoded"] > 0, device
 
 
 LOAD_ORDER = """

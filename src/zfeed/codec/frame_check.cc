@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <string>
 
+#include "zfeed/codec/blosc_gpu_plan.h"
+
 namespace zfeed::codec {
 
 const char* gpu_codec_name(GpuCodec codec) {
@@ -21,6 +23,8 @@ const char* gpu_codec_name(GpuCodec codec) {
       return "zlib";
     case GpuCodec::kDeflate:
       return "deflate";
+    case GpuCodec::kBlosc:
+      return "blosc";
   }
   return "unknown";
 }
@@ -101,11 +105,18 @@ std::string describe(const FrameVerdict& v) {
       return "stream needs a preset dictionary (not supported)";
     case FrameProblem::kOverLimit32:
       return "chunk of " + to_string(v.a) + " bytes is over nvCOMP's limit of 2^32 - 1 bytes";
+    case FrameProblem::kBloscOnDevice:
+      return "a blosc chunk is split into its streams on the host: it cannot be decoded from "
+             "GPU memory";
   }
   return "unknown problem " + to_string(static_cast<int>(v.problem));
 }
 
 GpuPayload gpu_payload(GpuCodec codec, const uint8_t* data, size_t size, size_t decoded_size) {
+  if (codec == GpuCodec::kBlosc) {  // the whole chunk; its streams: plan_blosc_gpu
+    const BloscGpuPlan plan = plan_blosc_gpu(data, size, decoded_size);
+    return GpuPayload{0, size, plan.gpu ? "" : !plan.error.empty() ? plan.error : plan.why};
+  }
   const FrameVerdict verdict = check_frame(codec, data, size, decoded_size);
   return GpuPayload{static_cast<size_t>(verdict.offset), static_cast<size_t>(verdict.size),
                     describe(verdict)};

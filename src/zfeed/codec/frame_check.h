@@ -21,14 +21,16 @@ namespace zfeed::codec {
 
 // GpuCodec, FrameVerdict and check_frame(): zfeed/codec/frame_check_core.h (host and device).
 
-// "zstd", "lz4", "lz4 block", "gzip", "zlib", "deflate".
+// "zstd", "lz4", "lz4 block", "gzip", "zlib", "deflate", "blosc".
 const char* gpu_codec_name(GpuCodec codec);
 
 // The host's check of a chunk's container before it goes to the GPU, and the part of its stored
 // bytes that nvCOMP decodes: [offset, offset + size). `error` ("" when the chunk may go) says what
 // is wrong: "frame truncated at byte 1841 of at least 2048", "header says 100 bytes, expected
 // 4096", "not a zstd frame (magic 0x0badcafe)". Needs no GPU. Where `error` is "", the payload
-// lies inside [data, data + size).
+// lies inside [data, data + size). For kBlosc the payload is the whole chunk, checked by
+// plan_blosc_gpu (blosc_gpu_plan.h), whose error, or reason it cannot go (blosclz inside), is
+// `error`.
 struct GpuPayload {
   size_t offset = 0, size = 0;
   std::string error;

@@ -12,7 +12,8 @@
 
 namespace zfeed::codec {
 
-// The stored forms nvCOMP decodes in one step.
+// The stored forms nvCOMP decodes: in one step, or (kBlosc) as several streams of one of the
+// others.
 enum class GpuCodec : uint8_t {
   kZstd,      // a zstd frame (v3 "zstd", v2 "zstd"), with or without a content size
   kLz4,       // numcodecs' LZ4 (v2 "lz4", v3 "numcodecs.lz4"): a 4-byte little-endian decoded
@@ -22,8 +23,10 @@ enum class GpuCodec : uint8_t {
   kZlib,      // RFC 1950 (v2 "zlib", v3 "numcodecs.zlib"): decoded as the raw deflate stream
               // inside (its Adler-32 is not checked)
   kDeflate,   // a raw RFC 1951 deflate stream
+  kBlosc,     // a c-blosc 1.x chunk with LZ4, zstd or zlib inside: split on the host into its
+              // blocks' streams (blosc_gpu_plan.h), each decoded as kLz4Block, kZstd or kZlib
 };
-inline constexpr int kGpuCodecCount = 6;
+inline constexpr int kGpuCodecCount = 7;
 
 // What is wrong with a chunk's container; the comments name the verdict's numbers.
 enum class FrameProblem : uint8_t {
@@ -57,6 +60,7 @@ enum class FrameProblem : uint8_t {
   kZlibCheckBits,      //
   kZlibDictionary,     //
   kOverLimit32,        // a: decoded size
+  kBloscOnDevice,      //
 };
 
 // The part of a chunk's stored bytes nvCOMP decodes, [offset, offset + size), and the problem that
@@ -236,6 +240,9 @@ ZFEED_HOST_DEVICE inline FrameVerdict check_frame(GpuCodec codec, const uint8_t*
     case GpuCodec::kZlib:
       verdict = check_zlib(data, size);
       payload = size >= 6 ? size - 6 : 0;  // the Adler-32 trailer is left out
+      break;
+    case GpuCodec::kBlosc:  // its streams are found and checked on the host
+      verdict = problem(FrameProblem::kBloscOnDevice);
       break;
   }
   if (verdict.problem == FrameProblem::kNone && codec != GpuCodec::kZstd &&

@@ -129,6 +129,10 @@ DeviceLoader::DeviceLoader(loader::LoaderSpec spec, DeviceLoaderOptions options)
       // A sharded array's inner chunks go the same way: the host reads each one's byte range.
       return gpu_decode_plan(array).gpu;
     };
+    // Blosc chunks are split into their streams on the host, so the host reads them.
+    spec.locatable = [](const zarr::Array& array) {
+      return gpu_decode_plan(array).codec != GpuCodec::kBlosc;
+    };
   }
   // The batches in flight on the copy stream hold host buffers too.
   spec.prefetch += options_.depth;
@@ -201,14 +205,21 @@ void DeviceLoader::choose_read_path() {
     stats_.read_reason = asked + "=off";
     return;
   }
-  bool local = false;
-  for (size_t a = 0; a < host_->num_arrays(); ++a)
-    local = local || host_->array(a).stored_locally();
-  if (!local) {
-    stats_.read_reason = "the store keeps no local files (cuFile reads local files only)";
+  bool local = false, blosc_only = true;
+  for (size_t a = 0; a < host_->num_arrays(); ++a) {
+    if (!host_->array(a).stored_locally()) continue;
+    local = true;
+    blosc_only = blosc_only && codecs_[a] == GpuCodec::kBlosc;
+  }
+  if (!local || blosc_only) {
+    stats_.read_reason =
+        !local ? "the store keeps no local files (cuFile reads local files only)"
+               : "the chunks are blosc's, which the host splits into their streams: it reads them";
     if (policy == GdsPolicy::kOn)
-      throw UnsupportedError(
-          asked + "=on: GPUDirect Storage reads need a local store: " + stats_.read_reason);
+      throw UnsupportedError(asked + "=on: " +
+                             (!local ? "GPUDirect Storage reads need a local store: "
+                                     : "no chunk can be read into GPU memory: ") +
+                             stats_.read_reason);
     return;
   }
   const GdsStatus status = gds_status(policy);

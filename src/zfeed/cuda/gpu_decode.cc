@@ -4,6 +4,7 @@
 #include <cstring>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -17,6 +18,8 @@
 #include <nvcomp/lz4.h>
 #include <nvcomp/zstd.h>
 
+#include "zfeed/codec/blosc_gpu_plan.h"
+#include "zfeed/cuda/byte_gather_kernel.h"
 #include "zfeed/cuda/check.h"
 #include "zfeed/cuda/copy_stream.h"
 #include "zfeed/cuda/frame_check_kernel.h"
@@ -141,6 +144,7 @@ Family family_of(GpuCodec codec) {
       return Family::kGzip;
     case GpuCodec::kZlib:
     case GpuCodec::kDeflate:
+    case GpuCodec::kBlosc:  // never a part's codec: its streams are one of the others
       break;
   }
   return Family::kDeflate;
@@ -217,11 +221,13 @@ struct FamilyOptions {
   }
 };
 
-// A batch's arrays, the same layout in pinned staging and on the device: six arrays of n entries
-// (8 bytes each; statuses take 4 of them), the codecs (a byte each), then for the m entries whose
-// bytes are on the device their positions and the GPU's verdicts on them, then the payloads.
+// A batch's arrays, the same layout in pinned staging and on the device: six arrays of n entries,
+// one per nvCOMP input (8 bytes each; statuses take 4 of them), the codecs (a byte each), then
+// for the m entries whose bytes are on the device their positions and the GPU's verdicts on them,
+// then g byte gathers (the copies out of the bounce buffer and of blosc's stored streams, then
+// blosc's unshuffles), then the payloads.
 struct Layout {
-  size_t n = 0, m = 0;
+  size_t n = 0, m = 0, g = 0;
   size_t in_ptrs() const { return 0; }
   size_t in_sizes() const { return 8 * n; }
   size_t out_ptrs() const { return 16 * n; }
@@ -233,7 +239,29 @@ struct Layout {
   size_t positions() const { return round_up(49 * n, 8); }
   size_t verdicts() const { return round_up(positions() + 4 * m, 8); }  // read back
   size_t verdicts_bytes() const { return m * sizeof(codec::FrameVerdict); }
-  size_t payloads() const { return round_up(verdicts() + verdicts_bytes(), 256); }
+  size_t gathers() const { return round_up(verdicts() + verdicts_bytes(), 16); }
+  size_t payloads() const { return round_up(gathers() + g * sizeof(ByteGather), 256); }
+};
+
+// One nvCOMP input: a chunk, or one stream of a blosc chunk.
+struct Part {
+  uint32_t item = 0;  // the batch's item
+  GpuCodec codec =
+      GpuCodec::kZstd;     // how nvCOMP decodes it (for a blosc stream, blosc's inner codec)
+  bool on_device = false;  // the item's bytes are in device memory
+  bool blosc = false;
+  const uint8_t* src = nullptr;  // host bytes: the payload; device bytes: the stored chunk
+  size_t src_size = 0;
+  uint8_t* dst = nullptr;
+  size_t decoded_size = 0;
+};
+
+// A stream blosc stored as it is: staged with the payloads, then copied into place on the GPU.
+struct StoredStream {
+  const uint8_t* src = nullptr;  // host
+  size_t size = 0;
+  uint8_t* dst = nullptr;  // device
+  size_t offset = 0;       // into the device buffer, once laid out
 };
 
 struct Group {
@@ -252,9 +280,16 @@ struct Realign {
 
 struct Bounce {
   size_t position;  // in the sorted arrays
-  void* dst;
+  uint8_t* dst;
   size_t offset;  // into the bounce buffer
   size_t size;
+};
+
+// A blosc chunk of the batch and its plan.
+struct BloscChunk {
+  uint32_t item = 0;
+  codec::BloscGpuPlan plan;
+  size_t shuffled_offset = 0;  // where its streams decode, where it is byte-shuffled
 };
 
 }  // namespace
@@ -265,7 +300,9 @@ struct GpuDecoder::Impl {
   std::unique_ptr<PinnedPool> own_pool;
   PinnedPool* pool = nullptr;
   PinnedPool::Buffer staging;
-  DeviceBuffer device, temp, bounce;
+  // `shuffled`: blosc's byte-shuffled streams decode here before each block is unshuffled into
+  // place.
+  DeviceBuffer device, temp, bounce, shuffled;
   bool have_alignments = false;
   nvcompAlignmentRequirements_t alignments[kFamilies]{};
   GpuDecoderStats stats;
@@ -275,18 +312,26 @@ struct GpuDecoder::Impl {
   std::vector<Group> groups;
   std::vector<Bounce> bounces;
   size_t temp_bytes = 0;
-  std::vector<size_t> order;  // sorted position -> the batch's item index
+  std::vector<Part> parts;  // in the arrays' order (by family)
   struct Record {
     GpuCodec codec;
     size_t decoded_size;
-    std::string key;
+    uint32_t item;
+    bool blosc;
     int64_t verdict = -1;  // its verdict's index, where its bytes were checked on the GPU
   };
-  std::vector<Record> records;  // by sorted position
+  std::vector<Record> records;    // by sorted position
+  std::vector<std::string> keys;  // by item
   std::vector<Realign> realigns;
+  std::vector<BloscChunk> blosc_chunks;
+  std::vector<StoredStream> stored;
+  std::vector<ByteGather> unshuffles;
+  size_t copy_gathers = 0, unshuffle_gathers = 0;  // launched in this order
   // Between prepare() and submit(): the bytes staged (arrays and payloads), of them the payloads'.
   bool prepared = false;
   size_t staged_bytes = 0, payload_bytes = 0;
+  size_t batch_items = 0, batch_blosc_items = 0, batch_decoded_bytes = 0;
+  std::string first_key, last_key;  // of the batch, for errors that name no chunk
   // Recorded after the batch's last step on the stream: finish() waits for this batch only, so
   // other work on the stream (another decoder's batch) goes on. Made by the first submit(): a
   // decoder is made (and given empty batches) where no driver runs.
@@ -327,6 +372,13 @@ struct GpuDecoder::Impl {
     staging.reset();
     if (own_pool) own_pool->trim();
     staging = pool->acquire(size <= pool->max_bytes() ? size : bytes);
+  }
+
+  std::string part_error(const Record& r, const std::string& what) const {
+    return keys[r.item] + ": GPU " +
+           (r.blosc ? std::string("blosc (") + gpu_codec_name(r.codec) + " streams)"
+                    : std::string(gpu_codec_name(r.codec))) +
+           " decode failed: " + what;
   }
 
   void launch(cudaStream_t s) {
@@ -373,38 +425,59 @@ struct GpuDecoder::Impl {
         cudaStreamSynchronize(s);  // the staging buffer may still be read by the copy
         pending = launched = false;
         throw Error(std::string("GPU ") + family_name(g.family) + " decode of " +
-                    std::to_string(g.count) + " chunks (first " + records[g.first].key +
+                    std::to_string(g.count) + " chunks (first " + keys[records[g.first].item] +
                     ") failed to launch: " + status_text(status));
       }
       ++stats.launches;
     }
-    for (const Bounce& b : bounces)
-      check(cudaMemcpyAsync(b.dst, bounce.data() + b.offset, b.size, cudaMemcpyDeviceToDevice, s),
-            "cudaMemcpyAsync (GPU decode scratch to destination)");
+    // Then the copies out of the bounce buffer and of blosc's stored streams, then the unshuffles,
+    // which read what the decoders and the copies wrote.
+    const auto* gathers = reinterpret_cast<const ByteGather*>(base + layout.gathers());
+    launch_byte_gathers(gathers, copy_gathers, s);
+    launch_byte_gathers(gathers + copy_gathers, unshuffle_gathers, s);
   }
 
-  // Copies each item's payload to its place in staging; with several threads for large batches.
-  void copy_payloads(std::span<const GpuDecodeItem> items, const std::vector<size_t>& offsets,
-                     const std::vector<GpuPayload>& payloads, size_t total) {
+  // Copies the staged host bytes into the pinned staging buffer; with several threads for large
+  // batches. `list` is in staging order; `total` is the sum of its sizes.
+  template <typename Entry, typename SourceOf>
+  void copy_to_staging(const std::vector<Entry>& list, SourceOf source_of, size_t total,
+                       unsigned threads, unsigned t, size_t& at) {
     uint8_t* dst = staging.data();
+    const size_t begin = total * t / threads, end = total * (t + 1) / threads;
+    for (const Entry& e : list) {
+      if (at >= end) return;
+      const auto [src, offset, size] = source_of(e);
+      if (src == nullptr) continue;
+      const size_t lo = std::max(at, begin), hi = std::min(at + size, end);
+      if (lo < hi) std::memcpy(dst + offset + (lo - at), src + (lo - at), hi - lo);
+      at += size;
+    }
+  }
+
+  void copy_payloads(const std::vector<size_t>& offsets) {
     unsigned threads = options.copy_threads
                            ? options.copy_threads
                            : std::min(8u, std::max(1u, std::thread::hardware_concurrency()));
-    if (total < kParallelCopyBytes) threads = 1;
+    if (payload_bytes < kParallelCopyBytes) threads = 1;
     // Thread t copies the bytes [t * total / threads, (t + 1) * total / threads) of the payloads
-    // laid end to end (item by item, in `order`).
+    // laid end to end: the parts' (host bytes only), then the stored streams.
     auto work = [&](unsigned t) {
-      const size_t begin = total * t / threads, end = total * (t + 1) / threads;
       size_t at = 0;
-      for (size_t pos = 0; pos < order.size() && at < end; ++pos) {
-        if (items[order[pos]].src_on_device) continue;
-        const GpuPayload& p = payloads[order[pos]];
-        const size_t lo = std::max(at, begin), hi = std::min(at + p.size, end);
-        if (lo < hi)
-          std::memcpy(dst + offsets[pos] + (lo - at), items[order[pos]].src + p.offset + (lo - at),
-                      hi - lo);
-        at += p.size;
-      }
+      size_t position = 0;
+      copy_to_staging(
+          parts,
+          [&](const Part& p) {
+            const size_t offset = offsets[position++];
+            return std::tuple<const uint8_t*, size_t, size_t>{p.on_device ? nullptr : p.src, offset,
+                                                              p.src_size};
+          },
+          payload_bytes, threads, t, at);
+      copy_to_staging(
+          stored,
+          [](const StoredStream& s) {
+            return std::tuple<const uint8_t*, size_t, size_t>{s.src, s.offset, s.size};
+          },
+          payload_bytes, threads, t, at);
     };
     if (threads == 1) return work(0);
     std::vector<std::thread> pool_threads;
@@ -413,30 +486,103 @@ struct GpuDecoder::Impl {
     for (std::thread& thread : pool_threads) thread.join();
   }
 
-  // The host's half: checks, layout, device buffers grown, arrays and payloads staged.
-  void prepare(std::span<const GpuDecodeItem> items, cudaStream_t s) {
-    if (pending) throw Error("GpuDecoder: prepare() before finish() of the previous batch");
-    prepared = false;
-    // Check every chunk on the host first: nothing reaches the GPU from a bad batch.
-    std::vector<GpuPayload> payloads(items.size());
-    std::vector<size_t> todo;
+  // Checks every chunk on the host (nothing reaches the GPU from a bad batch) and splits it into
+  // parts: one per chunk, or one per compressed stream of a blosc chunk (whose stored streams and
+  // unshuffles become byte gathers).
+  void split(std::span<const GpuDecodeItem> items) {
+    parts.clear();
+    blosc_chunks.clear();
+    stored.clear();
+    unshuffles.clear();
+    keys.resize(std::max(keys.size(), items.size()));
+    batch_items = batch_blosc_items = batch_decoded_bytes = 0;
+    size_t shuffled_bytes = 0;
     for (size_t i = 0; i < items.size(); ++i) {
       const GpuDecodeItem& item = items[i];
       if (item.decoded_size == 0) continue;
       if (item.dst == nullptr) throw Error(item_error(item, "no destination (null pointer)"));
-      if (item.src_on_device) {
+      Part part;
+      part.item = static_cast<uint32_t>(i);
+      part.codec = item.codec;
+      part.dst = static_cast<uint8_t*>(item.dst);
+      part.decoded_size = item.decoded_size;
+      if (item.codec == GpuCodec::kBlosc) {
+        if (item.src_on_device) {
+          codec::FrameVerdict verdict;
+          verdict.problem = codec::FrameProblem::kBloscOnDevice;
+          throw Error(item_error(item, codec::describe(verdict)));
+        }
+        codec::BloscGpuPlan plan =
+            codec::plan_blosc_gpu(item.src, item.src_size, item.decoded_size);
+        if (!plan.gpu) throw Error(item_error(item, plan.error.empty() ? plan.why : plan.error));
+        BloscChunk chunk{part.item, std::move(plan), shuffled_bytes};
+        if (chunk.plan.shuffled)
+          shuffled_bytes = round_up(shuffled_bytes + item.decoded_size, kBounceAlignment);
+        blosc_chunks.push_back(std::move(chunk));
+      } else if (item.src_on_device) {
         // Checked on the GPU once the batch is there (launch_frame_checks).
         if (item.src == nullptr && item.src_size > 0)
           throw Error(item_error(item, "no source bytes (null pointer)"));
-        payloads[i] = GpuPayload{0, item.src_size, ""};
-        todo.push_back(i);
-        continue;
+        part.on_device = true;
+        part.src = item.src;
+        part.src_size = item.src_size;
+        parts.push_back(part);
+      } else {
+        const GpuPayload payload =
+            gpu_payload(item.codec, item.src, item.src_size, item.decoded_size);
+        if (!payload.error.empty()) throw Error(item_error(item, payload.error));
+        part.src = item.src + payload.offset;
+        part.src_size = payload.size;
+        parts.push_back(part);
       }
-      payloads[i] = gpu_payload(item.codec, item.src, item.src_size, item.decoded_size);
-      if (!payloads[i].error.empty()) throw Error(item_error(item, payloads[i].error));
-      todo.push_back(i);
+      keys[i] = item.key;
+      if (batch_items == 0) first_key = item.key;
+      last_key = item.key;
+      ++batch_items;
+      batch_decoded_bytes += item.decoded_size;
     }
-    if (todo.empty()) return;
+    if (blosc_chunks.empty()) return;
+    grow(shuffled, shuffled_bytes);
+    for (const BloscChunk& chunk : blosc_chunks) {
+      const GpuDecodeItem& item = items[chunk.item];
+      const codec::BloscGpuPlan& plan = chunk.plan;
+      auto* dst = static_cast<uint8_t*>(item.dst);
+      uint8_t* out = plan.shuffled ? shuffled.data() + chunk.shuffled_offset : dst;
+      for (const codec::BloscGpuStream& s : plan.streams) {
+        const uint8_t* src = item.src + s.src_offset;
+        if (s.stored) {
+          stored.push_back({src, s.size, out + s.dst_offset, 0});
+          continue;
+        }
+        const GpuPayload payload = gpu_payload(plan.codec, src, s.src_size, s.size);
+        if (!payload.error.empty())
+          throw Error(item_error(item, std::string(gpu_codec_name(plan.codec)) +
+                                           " stream at byte " + std::to_string(s.src_offset) +
+                                           ": " + payload.error));
+        Part part;
+        part.item = chunk.item;
+        part.codec = plan.codec;
+        part.blosc = true;
+        part.src = src + payload.offset;
+        part.src_size = payload.size;
+        part.dst = out + s.dst_offset;
+        part.decoded_size = s.size;
+        parts.push_back(part);
+      }
+      if (plan.shuffled) {
+        for (const codec::BloscGpuBlock& b : plan.blocks)
+          unshuffles.push_back({out + b.offset, dst + b.offset, b.size, plan.typesize});
+      }
+      ++batch_blosc_items;
+    }
+  }
+
+  // The host's half: checks, layout, device buffers grown, arrays and payloads staged.
+  void prepare(std::span<const GpuDecodeItem> items, cudaStream_t s) {
+    if (pending) throw Error("GpuDecoder: prepare() before finish() of the previous batch");
+    prepared = false;
+    split(items);
+    if (parts.empty() && stored.empty()) return;
     launched = false;  // the device holds the last batch no more
     if (!have_alignments) {
       for (int f = 0; f < kFamilies; ++f)
@@ -446,58 +592,71 @@ struct GpuDecoder::Impl {
 
     // Sort by family (stable: the batch's order within each), so each launch takes a contiguous
     // range of the arrays.
-    std::stable_sort(todo.begin(), todo.end(), [&](size_t a, size_t b) {
-      return family_of(items[a].codec) < family_of(items[b].codec);
+    std::stable_sort(parts.begin(), parts.end(), [](const Part& a, const Part& b) {
+      return family_of(a.codec) < family_of(b.codec);
     });
-    order = std::move(todo);
-    const size_t n = order.size();
+    const size_t n = parts.size();
     layout.n = n;
     layout.m = 0;
-    for (size_t index : order) layout.m += items[index].src_on_device ? 1 : 0;
-    realigns.clear();
     groups.clear();
     bounces.clear();
     records.clear();
     records.reserve(n);
-    std::vector<size_t> offsets(n);
-    payload_bytes = 0;
-    size_t at = layout.payloads(), bounce_bytes = 0;
+    size_t bounce_bytes = 0;
     for (size_t pos = 0; pos < n; ++pos) {
-      const GpuDecodeItem& item = items[order[pos]];
-      const Family family = family_of(item.codec);
+      const Part& part = parts[pos];
+      const Family family = family_of(part.codec);
       if (groups.empty() || groups.back().family != family) groups.push_back({family, pos});
       Group& g = groups.back();
       ++g.count;
-      g.max_chunk = std::max(g.max_chunk, item.decoded_size);
-      g.total += item.decoded_size;
+      g.max_chunk = std::max(g.max_chunk, part.decoded_size);
+      g.total += part.decoded_size;
+      const size_t output_alignment = alignments[static_cast<int>(family)].output;
+      if (reinterpret_cast<uintptr_t>(part.dst) % std::max<size_t>(output_alignment, 1) != 0) {
+        bounces.push_back({pos, part.dst, bounce_bytes, part.decoded_size});
+        bounce_bytes = round_up(bounce_bytes + part.decoded_size, kBounceAlignment);
+      }
+      Record record{part.codec, part.decoded_size, part.item, part.blosc};
+      if (part.on_device) record.verdict = static_cast<int64_t>(layout.m++);
+      records.push_back(record);
+    }
+    copy_gathers = bounces.size() + stored.size();
+    unshuffle_gathers = unshuffles.size();
+    layout.g = copy_gathers + unshuffle_gathers;
+
+    // The payloads' places: the parts' host bytes (and device bytes nvCOMP cannot read in place),
+    // then blosc's stored streams.
+    realigns.clear();
+    std::vector<size_t> offsets(n);
+    payload_bytes = 0;
+    size_t at = layout.payloads();
+    for (size_t pos = 0; pos < n; ++pos) {
+      const Part& part = parts[pos];
+      const Family family = family_of(part.codec);
       const size_t input_alignment =
           std::max(kPayloadAlignment, alignments[static_cast<int>(family)].input);
-      if (item.src_on_device) {
-        const size_t skip = codec::payload_offset(item.codec);
-        const auto payload_address = reinterpret_cast<uintptr_t>(item.src) + skip;
+      if (part.on_device) {
+        const size_t skip = codec::payload_offset(part.codec);
+        const auto payload_address = reinterpret_cast<uintptr_t>(part.src) + skip;
         const size_t needed = std::max<size_t>(alignments[static_cast<int>(family)].input, 1);
         if (payload_address % needed != 0) {
           at = round_up(at + skip, input_alignment) - skip;
-          realigns.push_back({pos, at, item.src, item.src_size});
-          at += item.src_size;
+          realigns.push_back({pos, at, part.src, part.src_size});
+          at += part.src_size;
         }
       } else {
         at = round_up(at, input_alignment);
         offsets[pos] = at;
-        at += payloads[order[pos]].size;
-        payload_bytes += payloads[order[pos]].size;
+        at += part.src_size;
+        payload_bytes += part.src_size;
       }
-      const size_t output_alignment = alignments[static_cast<int>(family)].output;
-      if (reinterpret_cast<uintptr_t>(item.dst) % std::max<size_t>(output_alignment, 1) != 0) {
-        bounces.push_back({pos, item.dst, bounce_bytes, item.decoded_size});
-        bounce_bytes = round_up(bounce_bytes + item.decoded_size, kBounceAlignment);
-      }
-      records.push_back({item.codec, item.decoded_size, std::string(item.key)});
     }
-    size_t verdict_count = 0;
-    for (size_t pos = 0; pos < n; ++pos)
-      if (items[order[pos]].src_on_device)
-        records[pos].verdict = static_cast<int64_t>(verdict_count++);
+    for (StoredStream& copy : stored) {
+      at = round_up(at, kPayloadAlignment);
+      copy.offset = at;
+      at += copy.size;
+      payload_bytes += copy.size;
+    }
     const size_t total = at;
 
     temp_bytes = 0;
@@ -509,7 +668,7 @@ struct GpuDecoder::Impl {
     grow(bounce, bounce_bytes);
     grow_staging(total);
 
-    // The arrays, with device addresses, then the payloads.
+    // The arrays, with device addresses, then the gathers, then the payloads.
     uint8_t* host = staging.data();
     uint8_t* base = device.data();
     auto host_ptrs = [&](size_t offset) { return reinterpret_cast<void**>(host + offset); };
@@ -517,30 +676,34 @@ struct GpuDecoder::Impl {
     size_t bounce_index = 0, realign_index = 0;
     auto* positions = reinterpret_cast<uint32_t*>(host + layout.positions());
     for (size_t pos = 0; pos < n; ++pos) {
-      const GpuDecodeItem& item = items[order[pos]];
-      if (item.src_on_device) {
+      const Part& part = parts[pos];
+      if (part.on_device) {
         // The stored bytes (or their aligned copy): the GPU's check moves the pointer to the
         // payload and sets its size.
-        const void* src = item.src;
+        const void* src = part.src;
         if (realign_index < realigns.size() && realigns[realign_index].position == pos)
           src = base + realigns[realign_index++].offset;
         host_ptrs(layout.in_ptrs())[pos] = const_cast<void*>(src);
-        host_sizes(layout.in_sizes())[pos] = item.src_size;
+        host_sizes(layout.in_sizes())[pos] = part.src_size;
         positions[records[pos].verdict] = static_cast<uint32_t>(pos);
       } else {
         host_ptrs(layout.in_ptrs())[pos] = base + offsets[pos];
-        host_sizes(layout.in_sizes())[pos] = payloads[order[pos]].size;
+        host_sizes(layout.in_sizes())[pos] = part.src_size;
       }
-      host[layout.codecs() + pos] = static_cast<uint8_t>(item.codec);
-      void* out = item.dst;
+      host[layout.codecs() + pos] = static_cast<uint8_t>(part.codec);
+      void* out = part.dst;
       if (bounce_index < bounces.size() && bounces[bounce_index].position == pos)
         out = bounce.data() + bounces[bounce_index++].offset;
       host_ptrs(layout.out_ptrs())[pos] = out;
-      host_sizes(layout.out_capacity())[pos] = item.decoded_size;
+      host_sizes(layout.out_capacity())[pos] = part.decoded_size;
       host_sizes(layout.out_actual())[pos] = 0;
       reinterpret_cast<nvcompStatus_t*>(host + layout.statuses())[pos] = nvcompSuccess;
     }
-    copy_payloads(items, offsets, payloads, payload_bytes);
+    auto* gathers = reinterpret_cast<ByteGather*>(host + layout.gathers());
+    for (const Bounce& b : bounces) *gathers++ = {bounce.data() + b.offset, b.dst, b.size, 1};
+    for (const StoredStream& st : stored) *gathers++ = {base + st.offset, st.dst, st.size, 1};
+    for (const ByteGather& u : unshuffles) *gathers++ = u;
+    copy_payloads(offsets);
     staged_bytes = total;
     stream = s;
     prepared = true;
@@ -570,9 +733,10 @@ struct GpuDecoder::Impl {
     launch_frame_checks(checks, s);
     launched = true;
     launch(s);
-    check(cudaMemcpyAsync(host + layout.out_actual(), base + layout.out_actual(),
-                          layout.results_bytes(), cudaMemcpyDeviceToHost, s),
-          "cudaMemcpyAsync (GPU decode statuses)");
+    if (layout.n > 0)
+      check(cudaMemcpyAsync(host + layout.out_actual(), base + layout.out_actual(),
+                            layout.results_bytes(), cudaMemcpyDeviceToHost, s),
+            "cudaMemcpyAsync (GPU decode statuses)");
     if (layout.m > 0)
       check(cudaMemcpyAsync(host + layout.verdicts(), base + layout.verdicts(),
                             layout.verdicts_bytes(), cudaMemcpyDeviceToHost, s),
@@ -581,9 +745,12 @@ struct GpuDecoder::Impl {
     done->record(s);
     pending = true;
     ++stats.batches;
-    stats.items += layout.n;
+    stats.items += batch_items;
+    stats.blosc_items += batch_blosc_items;
+    stats.nvcomp_inputs += layout.n;
+    stats.byte_gathers += layout.g;
     stats.compressed_bytes += payload_bytes;
-    for (const Record& r : records) stats.decoded_bytes += r.decoded_size;
+    stats.decoded_bytes += batch_decoded_bytes;
     stats.bounced_items += bounces.size();
     stats.device_checked_items += layout.m;
     stats.realigned_items += realigns.size();
@@ -594,8 +761,8 @@ struct GpuDecoder::Impl {
     pending = false;
     if (const cudaError_t error = cudaEventSynchronize(done->get()); error != cudaSuccess) {
       launched = false;
-      throw Error("GPU decode of " + std::to_string(layout.n) + " chunks (" + records.front().key +
-                  (layout.n > 1 ? " ... " + records.back().key : std::string()) +
+      throw Error("GPU decode of " + std::to_string(batch_items) + " chunks (" + first_key +
+                  (batch_items > 1 ? " ... " + last_key : std::string()) +
                   "): cuda: cudaEventSynchronize: " + cudaGetErrorName(error) + ": " +
                   cudaGetErrorString(error));
     }
@@ -620,16 +787,16 @@ struct GpuDecoder::Impl {
       }
       if (why.empty()) continue;
       ++failures;
-      if (first == layout.n || order[pos] < order[first]) {
+      if (first == layout.n || r.item < records[first].item) {
         first = pos;
         what = std::move(why);
       }
     }
     if (failures == 0) return;
-    const Record& r = records[first];
-    std::string message = r.key + ": GPU " + gpu_codec_name(r.codec) + " decode failed: " + what;
+    std::string message = part_error(records[first], what);
     if (failures > 1)
-      message += " (and " + std::to_string(failures - 1) + " more chunks of the batch failed)";
+      message += " (and " + std::to_string(failures - 1) + " more of the batch's " +
+                 (batch_blosc_items > 0 ? "chunks and blosc streams" : "chunks") + " failed)";
     throw Error(message);
   }
 };

@@ -5,6 +5,13 @@
 // decoded size). Device and pinned buffers are kept and grown, so a steady stream of batches
 // allocates nothing after the first.
 //
+// A blosc chunk (c-blosc 1.x, LZ4, zstd or zlib inside; no bit shuffle) is split on the host into
+// its blocks' streams (codec/blosc_gpu_plan.h), each one more element of nvCOMP's batch; the
+// streams blosc stored uncompressed are copied into place, and byte-shuffled blocks decode into a
+// scratch buffer and are unshuffled into place, by one launch of a gather kernel each
+// (cuda/byte_gather_kernel.h). A blosc chunk whose inner codec nvCOMP lacks (blosclz, snappy) or
+// that is bit-shuffled is refused with an error saying so: the caller decodes it on the CPU.
+//
 // nvCOMP decodes only well-formed zstd, deflate and gzip streams (corrupt input is undefined
 // behaviour there), so each chunk's container is checked on the host before it goes to the GPU:
 // the zstd frame structure (magic, header, every block header, the checksum field: a truncated
@@ -54,15 +61,15 @@ using codec::GpuPayload;
 
 // One chunk of a batch.
 struct GpuDecodeItem {
-  GpuCodec codec = GpuCodec::kZstd;
-  const uint8_t* src = nullptr;  // the stored bytes, in host memory (pageable or pinned)
+  GpuCodec codec = GpuCodec::kZstd;  // kBlosc: the chunk's header says what is inside
+  const uint8_t* src = nullptr;      // the stored bytes, in host memory (pageable or pinned)
   size_t src_size = 0;
   void* dst = nullptr;      // device memory for decoded_size bytes (any alignment)
   size_t decoded_size = 0;  // the size the chunk must decode to exactly; 0: nothing to do
   std::string_view key;     // names the chunk in errors ("era5.zarr/t2m/c/3/0/0")
-  // `src` is device memory (read there by cuFile) that stays untouched until finish(): its
-  // container is checked on the GPU by the host's code, and nvCOMP reads it in place (or from an
-  // aligned copy, where the payload is not aligned as nvCOMP requires).
+  // `src` is device memory (read there by cuFile; not for kBlosc) that stays untouched until
+  // finish(): its container is checked on the GPU by the host's code, and nvCOMP reads it in place
+  // (or from an aligned copy, where the payload is not aligned as nvCOMP requires).
   bool src_on_device = false;
 };
 
@@ -86,6 +93,9 @@ struct GpuDecoderOptions {
 struct GpuDecoderStats {
   uint64_t batches = 0;           // non-empty batches enqueued
   uint64_t items = 0;             // chunks decoded
+  uint64_t blosc_items = 0;       // of those, blosc chunks (split into their streams)
+  uint64_t nvcomp_inputs = 0;     // nvCOMP batch elements: chunks, and blosc's compressed streams
+  uint64_t byte_gathers = 0;      // copies and unshuffles on the GPU (blosc, misaligned outputs)
   uint64_t compressed_bytes = 0;  // copied to the device
   uint64_t decoded_bytes = 0;
   uint64_t launches = 0;            // nvCOMP batched decompress calls

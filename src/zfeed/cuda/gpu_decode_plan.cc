@@ -4,6 +4,7 @@
 #include <string_view>
 
 #include "zfeed/codec/sharding.h"
+#include "zfeed/util/json.h"
 #include "zfeed/zarr/array.h"
 
 namespace zfeed::cuda {
@@ -15,6 +16,21 @@ std::optional<GpuCodec> compressor_codec(std::string_view name) {
   if (name == "numcodecs.zlib" || name == "zlib") return GpuCodec::kZlib;
   if (name == "numcodecs.lz4" || name == "lz4") return GpuCodec::kLz4;
   return std::nullopt;
+}
+
+// Why a blosc codec's chunks cannot decode on the GPU, "" where they can: nvCOMP decodes its
+// LZ4, zstd and zlib streams, and the byte shuffle is undone by a kernel; not blosclz or snappy,
+// nor the bit shuffle.
+std::string blosc_why_not(const Json& json) {
+  // The codec's own JSON (BloscCodec::to_json): cname and shuffle are always strings there.
+  const Json configuration = json.value("configuration", Json::object());
+  const std::string inner = configuration.value("cname", "");
+  if (inner != "lz4" && inner != "lz4hc" && inner != "zstd" && inner != "zlib")
+    return "blosc with " + inner +
+           " inside: nvCOMP decodes blosc's lz4, lz4hc, zstd and zlib streams only";
+  if (configuration.value("shuffle", "") == "bitshuffle")
+    return "blosc's bit shuffle is undone on the CPU";
+  return "";
 }
 
 GpuDecodePlan no(const CodecChain& chain, const std::string& why) {
@@ -45,10 +61,18 @@ GpuDecodePlan gpu_decode_plan(const CodecChain& chain) {
   if (codecs.size() == 1) return no(chain, "the chunks are stored uncompressed: nothing to decode");
   if (codecs.size() > 2)
     return no(chain, "more than one bytes->bytes codec (a checksum or a second compressor)");
-  const std::optional<GpuCodec> codec = compressor_codec(codecs[1]->name());
+  std::optional<GpuCodec> codec = compressor_codec(codecs[1]->name());
+  if (codecs[1]->name() == "blosc") {
+    // Each chunk's header says again what is inside; a chunk that differs from the metadata
+    // (blosclz inside, say) is refused by the decoder and decoded on the CPU.
+    const std::string why = blosc_why_not(codecs[1]->to_json());
+    if (!why.empty()) return no(chain, why);
+    codec = GpuCodec::kBlosc;
+  }
   if (!codec)
-    return no(chain,
-              codecs[1]->name() + " is not decoded by nvCOMP (zstd, gzip, zlib and lz4 are)");
+    return no(chain, codecs[1]->name() +
+                         " is not decoded by nvCOMP (zstd, gzip, zlib, lz4 and blosc with lz4, "
+                         "zstd or zlib inside are)");
   GpuDecodePlan plan;
   plan.gpu = true;
   plan.codec = *codec;

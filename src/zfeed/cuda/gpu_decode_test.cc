@@ -26,6 +26,10 @@
 #include <zstd.h>
 #endif
 #ifndef ZFEED_CUDA_ONLY_BUILD
+#define ZFEED_TEST_BLOSC 1
+#include <blosc.h>
+
+#include "zfeed/codec/blosc_gpu_plan.h"
 #include "zfeed/codec/codec.h"
 #include "zfeed/cuda/gpu_decode_plan.h"
 #include "zfeed/store/store.h"
@@ -164,9 +168,24 @@ Buffer compress(GpuCodec codec, const Buffer& data) {
       return deflate(data, Deflate::kZlib);
     case GpuCodec::kDeflate:
       return deflate(data, Deflate::kRaw);
+    case GpuCodec::kBlosc:
+      break;  // blosc_chunk(), where c-blosc is built in
   }
   return {};
 }
+
+#if ZFEED_TEST_BLOSC
+// A c-blosc 1.x chunk (c-blosc's own compressor, as zarr-python and numcodecs write them).
+Buffer blosc_chunk(const Buffer& data, const char* cname, int shuffle = BLOSC_SHUFFLE,
+                   size_t typesize = 4, size_t blocksize = 0, int clevel = 5) {
+  Buffer out(data.size() + BLOSC_MAX_OVERHEAD);
+  const int size = blosc_compress_ctx(clevel, shuffle, typesize, data.size(), data.data(),
+                                      out.data(), out.size(), cname, blocksize, 1);
+  EXPECT_GT(size, 0) << cname;
+  out.resize(static_cast<size_t>(std::max(size, 0)));
+  return out;
+}
+#endif
 
 #define ZFEED_NEED_CPU_CODECS() (void)0
 #else
@@ -311,6 +330,51 @@ TEST(NvcompPayload, Lz4GzipZlibContainersAreCheckedOnTheHost) {
 #endif
 }
 
+#if ZFEED_TEST_BLOSC
+// Blosc chunks are checked whole on the host (gpu_payload), and the decoder refuses, before any
+// GPU work and naming the key, the ones it cannot take: blosclz or bit shuffle inside (the loader
+// then decodes the batch on the CPU), a corrupt chunk, a chunk in device memory.
+TEST(NvcompPayload, BloscChunksAreCheckedOnTheHost) {
+  const Buffer data = smooth_field(64, 96, 3);
+  const Buffer good = blosc_chunk(data, "zstd");
+  GpuPayload p = gpu_payload(GpuCodec::kBlosc, good.data(), good.size(), data.size());
+  EXPECT_EQ(p.error, "");
+  EXPECT_EQ(p.offset, 0u);
+  EXPECT_EQ(p.size, good.size());
+  const Buffer blosclz = blosc_chunk(data, "blosclz");
+  EXPECT_TRUE(
+      contains(gpu_payload(GpuCodec::kBlosc, blosclz.data(), blosclz.size(), data.size()).error,
+               "blosclz has no nvCOMP decoder"));
+  EXPECT_TRUE(contains(gpu_payload(GpuCodec::kBlosc, good.data(), 10, data.size()).error,
+                       "blosc: corrupt chunk: 10 bytes"));
+  EXPECT_TRUE(
+      contains(gpu_payload(GpuCodec::kBlosc, good.data(), good.size(), 64).error, "expected 64"));
+  if (!built_with_nvcomp()) return;  // the decoder's checks need nvCOMP built in
+
+  GpuDecoder decoder;
+  uint8_t dst[16];
+  const Buffer bits = blosc_chunk(data, "lz4", BLOSC_BITSHUFFLE);
+  const Buffer cut(good.begin(), good.begin() + good.size() / 2);
+  auto refusal = [&](const Buffer& chunk, bool on_device = false) {
+    GpuDecodeItem item{GpuCodec::kBlosc, chunk.data(), chunk.size(), dst, data.size(), "b/c/4"};
+    item.src_on_device = on_device;
+    return error_message([&] { decoder.decode({&item, 1}, nullptr); });
+  };
+  EXPECT_EQ(refusal(blosclz),
+            "b/c/4: GPU blosc decode failed: blosc's inner compressor blosclz has no nvCOMP "
+            "decoder");
+  EXPECT_EQ(refusal(bits),
+            "b/c/4: GPU blosc decode failed: blosc's bit shuffle is undone on the CPU");
+  EXPECT_TRUE(contains(refusal(cut), "b/c/4: GPU blosc decode failed: blosc: corrupt chunk: "))
+      << refusal(cut);
+  EXPECT_TRUE(contains(refusal(good, true),
+                       "b/c/4: GPU blosc decode failed: a blosc chunk is "
+                       "split into its streams on the host"));
+  EXPECT_FALSE(decoder.pending());
+  EXPECT_EQ(decoder.stats().batches, 0u);
+}
+#endif
+
 // ---------------------------------------------------------------------------------------------
 // On a GPU with nvCOMP.
 
@@ -348,7 +412,13 @@ TEST(NvcompDecode, EveryCodecRoundTrips) {
   for (int c = 0; c < kGpuCodecCount; ++c) {
     const GpuCodec codec = static_cast<GpuCodec>(c);
     SCOPED_TRACE(gpu_codec_name(codec));
+#if ZFEED_TEST_BLOSC
+    const Buffer stored =
+        codec == GpuCodec::kBlosc ? blosc_chunk(data, "lz4") : compress(codec, data);
+#else
+    if (codec == GpuCodec::kBlosc) continue;  // no c-blosc in the CUDA layer's own build
     const Buffer stored = compress(codec, data);
+#endif
     DeviceOutputs out({data.size()});
     const GpuDecodeItem item{codec, stored.data(), stored.size(), out.at(0), data.size(), "chunk"};
     decoder.decode({&item, 1}, stream.get());
@@ -550,6 +620,132 @@ TEST(NvcompDecode, ChunksInDeviceMemoryAreCheckedOnTheGpu) {
   for (size_t i = 0; i < n; ++i) EXPECT_TRUE(out.read(i, sizes[i]) == originals[i]) << keys[i];
 }
 
+#if ZFEED_TEST_BLOSC
+
+// Blosc chunks of every inner codec nvCOMP decodes, byte-shuffled or not, element sizes that
+// split blocks and that do not (3, 16), a partial last block, small forced blocks, incompressible
+// values (stored streams; with clevel 0 the whole chunk a stored copy), misaligned destinations,
+// all in one batch with a plain zstd chunk: each decodes to exactly its values.
+TEST(NvcompDecode, BloscChunksDecodeOnTheGpu) {
+  ZFEED_SKIP_WITHOUT_GPU_DECODE();
+  Stream stream;
+  GpuDecoder decoder;
+  struct Case {
+    const char* cname;
+    int shuffle;
+    size_t typesize, blocksize;
+    int clevel;
+    bool noise;
+  };
+  std::vector<Case> cases;
+  for (const char* cname : {"lz4", "lz4hc", "zstd", "zlib"})
+    for (int shuffle : {BLOSC_NOSHUFFLE, BLOSC_SHUFFLE})
+      for (size_t typesize : {size_t{1}, size_t{4}, size_t{8}, size_t{3}, size_t{16}})
+        cases.push_back({cname, shuffle, typesize, 0, 5, false});
+  cases.push_back({"lz4", BLOSC_SHUFFLE, 4, 4096, 5, false});  // many small blocks
+  cases.push_back({"zstd", BLOSC_SHUFFLE, 4, 0, 5, true});     // incompressible: stored streams
+  cases.push_back({"lz4", BLOSC_SHUFFLE, 4, 0, 0, false});     // clevel 0: a stored copy
+  const size_t n = cases.size() + 1;
+  std::vector<Buffer> originals, stored;
+  std::vector<size_t> sizes, skew;
+  std::vector<std::string> keys;
+  std::vector<GpuCodec> codecs;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    Buffer values = smooth_field(97 + 11 * (i % 7), 301, static_cast<int>(i));
+    values.resize(values.size() - (i % 5));  // a partial last block, a size not a multiple of 4
+    if (c.noise) {
+      uint64_t state = 0x9E3779B97F4A7C15ull + i;
+      for (uint8_t& byte : values) {
+        state = state * 6364136223846793005ull + 1442695040888963407ull;
+        byte = static_cast<uint8_t>(state >> 56);
+      }
+    }
+    stored.push_back(blosc_chunk(values, c.cname, c.shuffle, c.typesize, c.blocksize, c.clevel));
+    sizes.push_back(values.size());
+    skew.push_back(i % 4 == 3 ? 1 : 0);
+    keys.push_back(std::string("blosc/") + c.cname + "/s" + std::to_string(c.shuffle) + "/t" +
+                   std::to_string(c.typesize) + "/c/" + std::to_string(i));
+    codecs.push_back(GpuCodec::kBlosc);
+    originals.push_back(std::move(values));
+  }
+  originals.push_back(smooth_field(64, 128, 99));
+  stored.push_back(zstd_frame(originals.back()));
+  sizes.push_back(originals.back().size());
+  skew.push_back(0);
+  keys.push_back("plain/c/0");
+  codecs.push_back(GpuCodec::kZstd);
+  DeviceOutputs out(sizes, skew);
+  std::vector<GpuDecodeItem> items;
+  for (size_t i = 0; i < n; ++i)
+    items.push_back({codecs[i], stored[i].data(), stored[i].size(), out.at(i), sizes[i], keys[i]});
+  for (int round = 0; round < 2; ++round) {
+    check(cudaMemset(out.buffer.data(), 0, out.buffer.size()), "memset");
+    decoder.decode(items, stream.get());
+    for (size_t i = 0; i < n; ++i)
+      EXPECT_TRUE(out.read(i, sizes[i]) == originals[i]) << keys[i] << " round " << round;
+  }
+  const GpuDecoderStats stats = decoder.stats();
+  EXPECT_EQ(stats.items, 2 * n);
+  EXPECT_EQ(stats.blosc_items, 2 * (n - 1));
+  EXPECT_GT(stats.nvcomp_inputs, stats.items);  // blosc's blocks are each an nvCOMP input
+  EXPECT_GT(stats.byte_gathers, 0u);
+  std::printf("blosc batch: %zu chunks, %llu nvCOMP inputs, %llu gathers, %llu launches\n", n,
+              static_cast<unsigned long long>(stats.nvcomp_inputs / 2),
+              static_cast<unsigned long long>(stats.byte_gathers / 2),
+              static_cast<unsigned long long>(stats.launches / 2));
+
+  // relaunch() runs the streams, the copies and the unshuffles again.
+  check(cudaMemset(out.buffer.data(), 0, out.buffer.size()), "memset");
+  decoder.relaunch(stream.get());
+  stream.synchronize();
+  for (size_t i = 0; i < n; ++i) EXPECT_TRUE(out.read(i, sizes[i]) == originals[i]) << keys[i];
+}
+
+// A blosc chunk whose stream the host cannot fault (an LZ4 block cut short but its size field
+// intact is only found by nvCOMP) fails naming the key; the decoder goes on.
+TEST(NvcompDecode, CorruptBloscStreamsNameTheKey) {
+  ZFEED_SKIP_WITHOUT_GPU_DECODE();
+  Stream stream;
+  GpuDecoder decoder;
+  const Buffer values = smooth_field(128, 256, 7);
+  const Buffer good = blosc_chunk(values, "lz4", BLOSC_SHUFFLE, 4, 0, 5);
+  const codec::BloscGpuPlan plan = codec::plan_blosc_gpu(good.data(), good.size(), values.size());
+  ASSERT_TRUE(plan.gpu) << plan.error << plan.why;
+  ASSERT_FALSE(plan.streams.front().stored);
+  Buffer bad = good;
+  // Garble the middle of the first stream: nvCOMP's LZ4 decoder reports it, or it decodes to a
+  // different size.
+  const auto& first = plan.streams.front();
+  for (size_t k = first.src_offset + first.src_size / 3; k < first.src_offset + first.src_size / 2;
+       ++k)
+    bad[k] = static_cast<uint8_t>(bad[k] * 31 + 7);
+  DeviceOutputs out({values.size(), values.size()});
+  const GpuDecodeItem items[] = {
+      {GpuCodec::kBlosc, good.data(), good.size(), out.at(0), values.size(), "b/c/0"},
+      {GpuCodec::kBlosc, bad.data(), bad.size(), out.at(1), values.size(), "b/c/1"}};
+  std::string message;
+  try {
+    decoder.decode(items, stream.get());
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  // Garbled LZ4 may still decode to the right size (to wrong values): then no error is the
+  // honest outcome, and the values differ.
+  if (!message.empty()) {
+    EXPECT_EQ(message.rfind("b/c/1: GPU blosc (lz4 block streams) decode failed: ", 0), 0u)
+        << message;
+  } else {
+    EXPECT_FALSE(out.read(1, values.size()) == values);
+  }
+  std::printf("garbled blosc stream: %s\n", message.empty() ? "(decoded)" : message.c_str());
+  const GpuDecodeItem item{GpuCodec::kBlosc, good.data(),   good.size(),
+                           out.at(1),        values.size(), "ok"};
+  decoder.decode({&item, 1}, stream.get());
+  EXPECT_TRUE(out.read(1, values.size()) == values);
+}
+
+#endif  // ZFEED_TEST_BLOSC
 #endif  // ZFEED_TEST_CPU_CODECS
 
 // ---------------------------------------------------------------------------------------------
@@ -580,6 +776,16 @@ TEST(NvcompPlan, V3BytesThenOneCompressorIsOneGpuStep) {
     EXPECT_EQ(plan.decoded_size, 4u * 8 * 4);
     EXPECT_EQ(plan.reason, "");
   }
+  // Blosc with an inner codec nvCOMP decodes, shuffled or not: split into its streams.
+  for (const char* cname : {"lz4", "lz4hc", "zstd", "zlib"}) {
+    for (const char* shuffle : {"noshuffle", "shuffle"}) {
+      const GpuDecodePlan plan = gpu_decode_plan(chain_of(
+          "[" + bytes + R"(, {"name": "blosc", "configuration": {"cname": ")" + cname +
+          R"(", "clevel": 5, "shuffle": ")" + shuffle + R"(", "typesize": 4, "blocksize": 0}}])"));
+      EXPECT_TRUE(plan.gpu) << cname << " " << shuffle << ": " << plan.reason;
+      EXPECT_EQ(plan.codec, GpuCodec::kBlosc);
+    }
+  }
   // One-byte values need no endianness.
   EXPECT_TRUE(
       gpu_decode_plan(chain_of(R"([{"name": "bytes"}, {"name": "zstd"}])", DataTypeId::kUInt8))
@@ -594,8 +800,11 @@ TEST(NvcompPlan, OtherChainsSayWhyNot) {
   };
   const std::string little = R"({"name": "bytes", "configuration": {"endian": "little"}})";
   EXPECT_TRUE(contains(reason("[" + little + R"(, {"name": "blosc", "configuration": {"cname":
-      "lz4", "clevel": 5, "shuffle": "shuffle", "typesize": 4, "blocksize": 0}}])"),
-                       "blosc is not decoded by nvCOMP"));
+      "blosclz", "clevel": 5, "shuffle": "shuffle", "typesize": 4, "blocksize": 0}}])"),
+                       "blosc with blosclz inside"));
+  EXPECT_TRUE(contains(reason("[" + little + R"(, {"name": "blosc", "configuration": {"cname":
+      "lz4", "clevel": 5, "shuffle": "bitshuffle", "typesize": 4, "blocksize": 0}}])"),
+                       "bit shuffle"));
   EXPECT_TRUE(contains(reason(R"([{"name": "bytes", "configuration": {"endian": "big"}},
                                   {"name": "zstd"}])"),
                        "big-endian"));
@@ -632,7 +841,11 @@ TEST(NvcompPlan, V2ArraysAndShardedArrays) {
   EXPECT_FALSE(v2_plan(R"({"id": "zstd"})", "C", ">f4").gpu);
   EXPECT_TRUE(v2_plan(R"({"id": "zstd"})", "C", "|u1").gpu);
   EXPECT_FALSE(v2_plan("null").gpu);
-  EXPECT_FALSE(v2_plan(R"({"id": "blosc", "cname": "zstd", "clevel": 3, "shuffle": 1})").gpu);
+  EXPECT_EQ(v2_plan(R"({"id": "blosc", "cname": "zstd", "clevel": 3, "shuffle": 1})").codec,
+            GpuCodec::kBlosc);
+  EXPECT_TRUE(v2_plan(R"({"id": "blosc", "cname": "lz4", "clevel": 5, "shuffle": 0})").gpu);
+  EXPECT_FALSE(v2_plan(R"({"id": "blosc", "cname": "lz4", "clevel": 5, "shuffle": 2})").gpu);
+  EXPECT_FALSE(v2_plan(R"({"id": "blosc", "cname": "blosclz", "clevel": 5, "shuffle": 1})").gpu);
 
   // A sharded v3 array is planned by its inner chunks.
   auto store = make_memory_store();

@@ -588,7 +588,8 @@ Loader::Loader(LoaderSpec spec) : spec_(std::move(spec)), shared_(std::make_shar
     pass_reason_ = "not asked for";
   }
   local_.resize(arrays_.size());
-  for (size_t a = 0; a < arrays_.size(); ++a) local_[a] = arrays_[a].stored_locally();
+  for (size_t a = 0; a < arrays_.size(); ++a)
+    local_[a] = arrays_[a].stored_locally() && (!spec_.locatable || spec_.locatable(arrays_[a]));
   set_locate_compressed(spec_.locate_compressed);
 
   if (spec_.order == "chunks") time_chunk = any_time_chunk;

@@ -107,6 +107,9 @@ struct LoaderSpec {
   // (GPUDirect Storage). Other arrays' chunks are read into CompressedChunk::data as before.
   // Switched at run time by Loader::set_locate_compressed.
   bool locate_compressed = false;
+  // Where given, only arrays it says yes for are located (blosc chunks are split into their
+  // streams on the host, so it reads them).
+  std::function<bool(const zarr::Array&)> locatable;
 
   // From JSON: {"path", "inputs": [{"name", "levels", "mean", "std"} | "name", ...], "targets",
   // "lead", "history", "crop": [lat_start, lat_size, lon_start, lon_size],
@@ -334,7 +337,7 @@ class Loader {
   std::vector<bool> prefix_readable_;  // per array: decoding the start of a chunk costs less
   std::vector<bool> passable_;         // per array: its chunks may be handed over compressed
   std::atomic<bool> pass_enabled_{false};
-  std::vector<bool> local_;  // per array: stored_locally()
+  std::vector<bool> local_;  // per array: stored_locally() and spec_.locatable
   std::atomic<bool> locate_enabled_{false};
   std::string pass_reason_;
   uint64_t time_extent_ = 0, lat_ = 0, lon_ = 0, lat_start_ = 0, lon_start_ = 0;

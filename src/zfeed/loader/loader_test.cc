@@ -935,6 +935,13 @@ TEST(Loader, LocatingCompressedChunksSwitchesAtRunTime) {
     EXPECT_EQ(assemble(loader), read);
     EXPECT_EQ(loader.set_locate_compressed(true), local);
     EXPECT_EQ(assemble(loader), local ? located : read);
+
+    // Arrays `locatable` says no for (blosc, which the host splits) are read, never located.
+    spec.locatable = [](const zarr::Array&) { return false; };
+    Loader reader(spec);
+    ASSERT_TRUE(reader.set_pass_compressed(true));
+    EXPECT_FALSE(reader.locate_compressed());
+    EXPECT_EQ(assemble(reader), read);
   }
 }
 

@@ -140,7 +140,7 @@ Json advise(const zarr::Array& array, const zarr::StorageInfo& storage) {
     }
   }
 #if ZFEED_HAVE_CUDA
-  // The GPU path (Loader(decode="gpu")) decodes only what nvCOMP covers in one step.
+  // The GPU path (Loader(decode="gpu")) decodes only what nvCOMP covers (gpu_decode_plan).
   if (compresses(array.read_codecs())) {
     const cuda::GpuDecodePlan plan = cuda::gpu_decode_plan(array);
     if (!plan.gpu) {
