@@ -454,3 +454,79 @@ def test_keys_outside_the_store_are_refused(tmp_path, path):
     with pytest.raises(zfeed.ZarrError) as info:
         zfeed.open(tmp_path / "a.zarr", path=path)
     assert ".." in str(info.value) or "absolute" in str(info.value) or path in str(info.value)
+
+
+FOREIGN_SIGBUS = """
+import mmap, os, sys
+import numpy as np
+import zfeed
+arr = zfeed.create(sys.argv[1], shape=(512, 512), chunks=(512, 512), dtype="float32", compressor="zstd:3")
+arr[...] = np.random.default_rng(0).standard_normal((512, 512)).astype("float32")
+assert zfeed.open(sys.argv[1])[...].shape == (512, 512)  # a mapped read: zfeed's SIGBUS handler is in
+path = sys.argv[1] + ".foreign"
+with open(path, "wb") as f:
+    f.write(b"x" * 8192)
+with open(path, "r+b") as f:
+    view = mmap.mmap(f.fileno(), 8192)
+    os.truncate(path, 0)
+    print("read", view[4096], flush=True)  # SIGBUS in a mapping that is not zfeed's
+print("survived", flush=True)
+"""
+
+
+def test_a_sigbus_outside_zfeeds_mapped_reads_is_not_swallowed(tmp_path):
+    """zfeed handles SIGBUS only for its own mapped reads (a chunk file shrunk while read); any
+    other still ends the process as it would without zfeed."""
+    import signal
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-c", FOREIGN_SIGBUS, str(tmp_path / "a.zarr")], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == -signal.SIGBUS, (done.returncode, done.stdout, done.stderr[-2000:])
+    assert "survived" not in done.stdout
+
+
+SHRUNK_WHILE_READ = """
+import os, sys, threading
+import numpy as np
+import zfeed
+root = sys.argv[1]
+arr = zfeed.create(root, shape=(40, 512, 512), chunks=(1, 512, 512), dtype="float32", compressor="zstd:1")
+values = np.random.default_rng(1).standard_normal((40, 512, 512)).astype("float32")
+arr[...] = values
+stop = False
+def shrink():  # rewrites chunk files in place, as a non-atomic writer would
+    i = 0
+    while not stop:
+        path = os.path.join(root, "c", str(i % 40), "0", "0")
+        data = open(path, "rb").read()
+        with open(path, "r+b") as f:
+            f.truncate(len(data) // 3)
+            f.seek(0)
+            f.write(data[: len(data) // 3])
+        with open(path, "r+b") as f:
+            f.write(data)
+        i += 1
+t = threading.Thread(target=shrink)
+t.start()
+errors = 0
+for _ in range(30):
+    try:
+        zfeed.open(root)[...]
+    except zfeed.ZarrError:
+        errors += 1
+stop = True
+t.join()
+print("done", errors, flush=True)
+"""
+
+
+def test_chunk_files_rewritten_in_place_while_read_give_errors_not_crashes(tmp_path):
+    """A chunk file shrunk in place under a mapped read is read again (or fails with an error naming
+    it): the process never dies of SIGBUS."""
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-c", SHRUNK_WHILE_READ, str(tmp_path / "b.zarr")], capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, (done.returncode, done.stdout, done.stderr[-2000:])
+    assert "done" in done.stdout

@@ -14,14 +14,25 @@
 #include <functional>
 #include <utility>
 
+#include "zfeed/store/mapped_read.h"
 #include "zfeed/store/store.h"
 #include "zfeed/util/error.h"
 #include "zfeed/util/io_counters.h"
+#include "zfeed/util/scratch.h"
 
 namespace zfeed {
 namespace {
 
 constexpr std::string_view kTempMarker = ".zfeed-tmp-";
+// Values at least this large are mapped rather than read by with_bytes: a pread's copy then costs
+// more than setting up and tearing down the mapping.
+constexpr uint64_t kMapBytes = uint64_t{128} << 10;
+
+uint64_t elapsed_ns(std::chrono::steady_clock::time_point start) {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
+          .count());
+}
 
 class FileDescriptor {
  public:
@@ -71,6 +82,38 @@ class FileStore final : public Store {
     auto [begin, length] = range.resolve(size, where(key));
     out.resize(length);
     read_fully(fd.get(), out.mutable_view(), begin, key);
+    return true;
+  }
+
+  bool with_bytes(std::string_view key, ByteRange range,
+                  const std::function<void(ByteView)>& use) const override {
+    FileDescriptor fd(-1);
+    uint64_t size = 0;
+    if (!open_value(key, fd, size)) return false;
+    auto [begin, length] = range.resolve(size, where(key));
+    if (length >= kMapBytes && mapped_reads_enabled()) {
+      const auto start = std::chrono::steady_clock::now();
+      std::optional<MappedRange> mapped = MappedRange::map(fd.get(), begin, length);
+      if (mapped) {
+        IoCounters& counters = thread_io_counters();
+        counters.read_bytes += length;
+        counters.read_ns += elapsed_ns(start);
+        try {
+          use(mapped->bytes());
+        } catch (...) {
+          if (!mapped->cut_short()) throw;
+        }
+        if (!mapped->cut_short()) return true;
+        // The file shrank while it was mapped (rewritten in place by another program): what
+        // `use` made of it is void. Read the value again as it is now.
+        mapped.reset();
+        fd.reset(-1);
+        return Store::with_bytes(key, range, use);
+      }
+    }
+    ScratchBuffer buffer(length);
+    read_fully(fd.get(), buffer.bytes().mutable_view(), begin, key);
+    use(buffer.bytes());
     return true;
   }
 

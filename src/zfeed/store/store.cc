@@ -5,6 +5,7 @@
 #include <set>
 
 #include "zfeed/util/error.h"
+#include "zfeed/util/scratch.h"
 
 namespace zfeed {
 
@@ -18,6 +19,14 @@ std::string ByteRange::describe() const {
       return "the last " + std::to_string(length) + " bytes";
   }
   return "";
+}
+
+bool Store::with_bytes(std::string_view key, ByteRange range,
+                       const std::function<void(ByteView)>& use) const {
+  ScratchBuffer buffer;
+  if (!get_into(key, range, buffer.bytes())) return false;
+  use(buffer.bytes());
+  return true;
 }
 
 bool Store::get_into(std::string_view key, ByteRange range, Bytes& out) const {

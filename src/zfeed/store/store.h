@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -49,6 +50,14 @@ class Store {
 
   // Like get, but reads into `out` (reusing its capacity). Returns false if the key is missing.
   virtual bool get_into(std::string_view key, ByteRange range, Bytes& out) const;
+
+  // Calls `use` with the value's bytes in `range`, valid only during the call, and returns true;
+  // returns false (without calling it) if the key does not exist. For reads that consume the
+  // bytes at once (a decode): the default reads them into a buffer of the thread's; the
+  // filesystem store maps large values instead of copying them (store/mapped_read.h), and where
+  // the file shrinks under the mapping it reads the value again and calls `use` again.
+  virtual bool with_bytes(std::string_view key, ByteRange range,
+                          const std::function<void(ByteView)>& use) const;
 
   // Several reads at once; stores that can overlap them (remote ones) override this.
   virtual std::vector<std::optional<Bytes>> get_many(std::span<const KeyRange> requests) const;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 
 #include "zfeed/codec/sharding.h"
 #include "zfeed/util/box_copy.h"
@@ -107,6 +108,13 @@ struct Source {
         break;
     }
     if (!store.get_into(key, absolute, out)) throw vanished();
+    return true;
+  }
+  // Calls `use` with the whole value (or window), mapped where the store can (Store::with_bytes);
+  // false where it is missing.
+  bool with_bytes(const std::function<void(ByteView)>& use) const {
+    if (!windowed) return store.with_bytes(key, ByteRange::all(), use);
+    if (!store.with_bytes(key, ByteRange::range(offset, length), use)) throw vanished();
     return true;
   }
   // Reads out.size() bytes from `at` (within the window) straight into `out`, checking that the
@@ -257,26 +265,28 @@ void read_region(const CodecChain& chain, const Source& source, const Region& re
     }
     return;
   }
-  ScratchBuffer encoded;
-  if (!source.fetch(ByteRange::all(), encoded.bytes())) return fill_region();
-  try {
-    if (direct) {
-      chain.decode(encoded.bytes(), direct_out);
-      return;
+  // The stored bytes are decoded where they lie: in the page cache, where the store maps them.
+  const bool found = source.with_bytes([&](ByteView encoded) {
+    try {
+      if (direct) {
+        chain.decode(encoded, direct_out);
+        return;
+      }
+      // A region that ends early in the chunk (a few time steps of a chunk of many) needs only
+      // the start of the decoded chunk: decode no further than that where the chain can stop.
+      ScratchBuffer decoded(spec.num_bytes());
+      const uint64_t needed = region_end_offset(spec.shape, region) * item;
+      if (!CodecChain::prefix_worth_it(needed, spec.num_bytes()) ||
+          !chain.decode_prefix(encoded, decoded.data(), needed)) {
+        chain.decode(encoded, decoded.data());
+      }
+      copy_box(decoded.data(), BoxRef{spec.shape, region.start, region.step}, out, out_box,
+               region.count, item);
+    } catch (...) {
+      rethrow_with_context(source.where());
     }
-    // A region that ends early in the chunk (a few time steps of a chunk of many) needs only
-    // the start of the decoded chunk: decode no further than that where the chain can stop.
-    ScratchBuffer decoded(spec.num_bytes());
-    const uint64_t needed = region_end_offset(spec.shape, region) * item;
-    if (!CodecChain::prefix_worth_it(needed, spec.num_bytes()) ||
-        !chain.decode_prefix(encoded.bytes(), decoded.data(), needed)) {
-      chain.decode(encoded.bytes(), decoded.data());
-    }
-    copy_box(decoded.data(), BoxRef{spec.shape, region.start, region.step}, out, out_box,
-             region.count, item);
-  } catch (...) {
-    rethrow_with_context(source.where());
-  }
+  });
+  if (!found) fill_region();
 }
 
 void check_selection(const Selection& selection, const ArrayMetadata& meta) {
