@@ -1,8 +1,8 @@
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <sys/resource.h>
-#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -226,7 +226,6 @@ TEST(FileStore, MissingRootReadsAsEmpty) {
   EXPECT_TRUE(store->list("").empty());
   EXPECT_TRUE(store->list_dir("").empty());
 }
-
 
 // with_bytes hands over large values mapped and small ones read, whole or by range, equal to
 // get(); a missing key is false without a call.
