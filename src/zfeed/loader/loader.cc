@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <cstdlib>
 #include <deque>
 #include <exception>
 #include <mutex>
@@ -710,9 +711,23 @@ void Loader::assemble(uint64_t epoch, std::span<const uint64_t> times, void* inp
 }
 
 void Loader::assemble_batch(uint64_t epoch, std::optional<uint64_t> batch,
-                            std::span<const uint64_t> times, void* inputs_ptr, void* targets_ptr,
+                            std::span<const uint64_t> times, void* inputs, void* targets,
                             BatchMemory* memory) {
   const auto batch_start = Clock::now();
+  std::vector<Piece> direct, cached;
+  plan_pieces(epoch, times, inputs, targets, memory, direct, cached);
+  std::vector<Piece> kept, alone;
+  choose_reads_alone(cached, batch, kept, alone);
+  direct.insert(direct.end(), alone.begin(), alone.end());
+  read_pieces(kept, direct, memory);
+  const uint64_t batch_ns = elapsed_ns(batch_start);
+  shared_->batch_ns += batch_ns;
+  if (memory) memory->assemble_ns = batch_ns;
+}
+
+void Loader::plan_pieces(uint64_t epoch, std::span<const uint64_t> times, void* inputs_ptr,
+                         void* targets_ptr, BatchMemory* memory, std::vector<Piece>& direct,
+                         std::vector<Piece>& cached) const {
   auto* inputs = static_cast<uint8_t*>(inputs_ptr);
   auto* targets = static_cast<uint8_t*>(targets_ptr);
   const size_t plane = lat_ * lon_;
@@ -720,7 +735,6 @@ void Loader::assemble_batch(uint64_t epoch, std::optional<uint64_t> batch,
   const size_t input_channels = input_channels_.size(), target_channels = target_channels_.size();
   const OutputType in_type = assembled_input_type(), out_type = assembled_target_type();
   const size_t in_size = output_size(in_type), out_size = output_size(out_type);
-  std::vector<Piece> direct, cached;
   auto add = [&](const Source& source, uint64_t time, std::array<uint64_t, 2> origin, uint8_t* dst,
                  OutputType out, const Channel& channel) {
     const Normalization normalization =
@@ -763,13 +777,6 @@ void Loader::assemble_batch(uint64_t epoch, std::optional<uint64_t> batch,
       }
     }
   }
-  std::vector<Piece> kept, alone;
-  choose_reads_alone(cached, batch, kept, alone);
-  direct.insert(direct.end(), alone.begin(), alone.end());
-  read_pieces(kept, direct, memory);
-  const uint64_t batch_ns = elapsed_ns(batch_start);
-  shared_->batch_ns += batch_ns;
-  if (memory) memory->assemble_ns = batch_ns;
 }
 
 // A piece read alone: raw float32 decodes straight into the batch; anything else decodes into
@@ -1094,15 +1101,88 @@ void Loader::read_pieces(std::span<const Piece> cached, std::span<const Piece> d
 // ---------------------------------------------------------------------------------------------
 // Prefetch
 
+// A batch whose reads run on the pool while the prefetch thread prepares the next one.
+struct Loader::Flight {
+  Shared::Ready ready;
+  std::vector<Piece> pieces;
+  Clock::time_point start;
+  ThreadPool::Work work;  // last: destroyed (waited for) first
+};
+
 void Loader::produce(uint64_t epoch, uint64_t first_batch) {
   Shared& shared = *shared_;
   ForkGate::Pass pass;  // given up only while waiting for a buffer (and inside the pool's waits)
+  // Where no array goes through the decoded-chunk cache, each batch's reads depend on nothing of
+  // the others': the next batch's reads are queued before the last ones of this batch finish, so
+  // the threads that finish early start on them instead of waiting (on many cores a batch's last
+  // reads otherwise leave most threads idle for a while).
+  // ZFEED_OVERLAP_BATCHES=0 turns this off (for comparisons).
+  static const bool overlap_allowed = [] {
+    const char* value = std::getenv("ZFEED_OVERLAP_BATCHES");
+    return !(value && std::string_view(value) == "0");
+  }();
+  const bool overlap =
+      overlap_allowed && std::none_of(cached_.begin(), cached_.end(), [](bool c) { return c; });
+  std::unique_ptr<Flight> flight;
+  Clock::time_point last_landed{};
+  // Waits for the flight's reads and hands its batch over.
+  enum class Landed { kGoOn, kFailed, kStopped };
+  auto land = [&]() -> Landed {
+    std::unique_ptr<Flight> landing = std::move(flight);
+    try {
+      ThreadPool::shared().wait(landing->work);
+    } catch (...) {
+      landing->ready.error = std::current_exception();
+    }
+    // A batch's time counts from when the previous one landed where they overlapped.
+    const auto now = Clock::now();
+    const uint64_t batch_ns =
+        static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                  now - std::max(landing->start, last_landed))
+                                  .count());
+    last_landed = now;
+    shared.batch_ns += batch_ns;
+    landing->ready.memory->assemble_ns = batch_ns;
+    const bool failed = static_cast<bool>(landing->ready.error);
+    {
+      std::lock_guard lock(shared.mutex);
+      if (shared.stop) {
+        shared.free.push_back(std::move(landing->ready.memory));
+        return Landed::kStopped;
+      }
+      shared.ready.push_back(std::move(landing->ready));
+    }
+    shared.cv.notify_all();
+    return failed ? Landed::kFailed : Landed::kGoOn;
+  };
+  // Stopping with a batch in flight: its reads finish (they use its buffer), the buffer returns.
+  auto abandon = [&] {
+    if (!flight) return;
+    try {
+      ThreadPool::shared().wait(flight->work);
+    } catch (...) {
+    }
+    std::lock_guard lock(shared.mutex);
+    shared.free.push_back(std::move(flight->ready.memory));
+    flight.reset();
+  };
   try {
     const auto indices = sampler_.epoch_indices(epoch);
     plan_own_batches(indices);
     const uint64_t batches = sampler_.batches_per_epoch();
     const uint64_t batch_size = spec_.batch_size;
-    for (uint64_t b = first_batch; b < batches; ++b) {
+    Landed landed = Landed::kGoOn;
+    for (uint64_t b = first_batch; b < batches && landed == Landed::kGoOn; ++b) {
+      if (flight) {
+        // No buffer free for the next batch: hand this one over first, so that the consumer,
+        // which may be waiting for it, can give one back.
+        bool none_free = false;
+        {
+          std::lock_guard lock(shared.mutex);
+          none_free = shared.free.empty();
+        }
+        if (none_free && (landed = land()) != Landed::kGoOn) break;
+      }
       Shared::Ready ready;
       ready.index = b;
       {
@@ -1114,7 +1194,10 @@ void Loader::produce(uint64_t epoch, uint64_t first_batch) {
         shared.cv.wait(lock, [&] { return shared.stop || !shared.free.empty(); });
         shared.producer_waiting = false;
         shared.idle_ns += elapsed_ns(idle_start);
-        if (shared.stop) return;
+        if (shared.stop) {
+          lock.unlock();
+          return abandon();
+        }
         ready.memory = std::move(shared.free.back());
         shared.free.pop_back();
       }
@@ -1128,6 +1211,26 @@ void Loader::produce(uint64_t epoch, uint64_t first_batch) {
         const auto origin = crop_origin(epoch, times[i]);
         ready.memory->crops[2 * i] = static_cast<int64_t>(origin[0]);
         ready.memory->crops[2 * i + 1] = static_cast<int64_t>(origin[1]);
+      }
+      if (overlap) {
+        auto next = std::make_unique<Flight>();
+        next->ready = std::move(ready);
+        next->start = Clock::now();
+        BatchMemory* memory = next->ready.memory.get();
+        try {
+          std::vector<Piece> cached;  // none here
+          plan_pieces(epoch, times, memory->inputs.data(), memory->targets.data(), memory,
+                      next->pieces, cached);
+          next->work =
+              ThreadPool::shared().start(next->pieces.size(), [this, batch = next.get()](size_t i) {
+                read_direct_piece(batch->pieces[i], batch->ready.memory.get());
+              });
+        } catch (...) {
+          next->ready.error = std::current_exception();
+        }
+        if (flight) landed = land();
+        flight = std::move(next);
+        continue;
       }
       try {
         assemble_batch(epoch, b, times, ready.memory->inputs.data(), ready.memory->targets.data(),
@@ -1147,7 +1250,12 @@ void Loader::produce(uint64_t epoch, uint64_t first_batch) {
       shared.cv.notify_all();
       if (failed) break;
     }
+    // The last batch in flight lands; after a failure or a stop, the next one is dropped.
+    if (flight && landed == Landed::kGoOn) landed = land();
+    if (landed == Landed::kStopped) return abandon();
+    abandon();
   } catch (...) {
+    abandon();
     std::lock_guard lock(shared.mutex);
     Shared::Ready ready;
     ready.error = std::current_exception();

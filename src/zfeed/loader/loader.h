@@ -322,6 +322,12 @@ class Loader {
   void assemble_batch(uint64_t epoch, std::optional<uint64_t> batch,
                       std::span<const uint64_t> times, void* inputs, void* targets,
                       BatchMemory* memory);
+  // The batch's planes as pieces: those read alone (`direct`) and those read through the cache
+  // (`cached`); and the entries of the chunks handed over compressed.
+  void plan_pieces(uint64_t epoch, std::span<const uint64_t> times, void* inputs, void* targets,
+                   BatchMemory* memory, std::vector<Piece>& direct,
+                   std::vector<Piece>& cached) const;
+  struct Flight;  // a batch whose reads run while the prefetch thread prepares the next
   // Sets own_batches_ for an epoch's order (this rank's sample indices).
   void plan_own_batches(std::span<const uint64_t> indices);
   void start_producer();

@@ -8,6 +8,7 @@
 #include <exception>
 #include <new>
 #include <string>
+#include <utility>
 
 #include "zfeed/util/fork_gate.h"
 
@@ -16,6 +17,7 @@ namespace zfeed {
 struct ThreadPool::Job {
   size_t count = 0;
   const std::function<void(size_t)>* fn = nullptr;
+  std::function<void(size_t)> owned;  // a started Work's function (fn points here)
   std::atomic<size_t> next{0};
   std::atomic<bool> failed{false};
   std::mutex mutex;
@@ -105,17 +107,13 @@ void ThreadPool::worker_loop() {
   }
 }
 
-void ThreadPool::parallel_for(size_t n, const std::function<void(size_t)>& fn) {
-  if (n == 0) return;
-  ForkGate::Pass pass;  // given up only while waiting for the workers
-  if (pid_ != ::getpid()) restart_after_fork();
-  if (n == 1 || workers_.empty()) {
-    for (size_t i = 0; i < n; ++i) fn(i);
-    return;
-  }
+std::shared_ptr<ThreadPool::Job> ThreadPool::submit(size_t n, const std::function<void(size_t)>* fn,
+                                                    std::function<void(size_t)> owned) {
   auto job = std::make_shared<Job>();
   job->count = n;
-  job->fn = &fn;
+  job->owned = std::move(owned);
+  job->fn = fn ? fn : &job->owned;
+  if (n < 2 || workers_.empty()) return job;  // the caller runs it all
   {
     std::lock_guard lock(mutex_);
     jobs_.push_back(job);
@@ -125,13 +123,68 @@ void ThreadPool::parallel_for(size_t n, const std::function<void(size_t)>& fn) {
   } else {
     for (size_t i = 0; i + 1 < n; ++i) work_available_.notify_one();
   }
-  run_some(*job);
+  return job;
+}
+
+void ThreadPool::finish(Job& job) {
+  run_some(job);
   {
     ForkGate::Release release;  // waiting for the workers, who may be parked for a fork
-    std::unique_lock lock(job->mutex);
-    job->done_cv.wait(lock, [&] { return job->done == job->count; });
+    std::unique_lock lock(job.mutex);
+    job.done_cv.wait(lock, [&] { return job.done == job.count; });
   }
-  if (job->error) std::rethrow_exception(job->error);
+  if (job.error) std::rethrow_exception(job.error);
+}
+
+void ThreadPool::parallel_for(size_t n, const std::function<void(size_t)>& fn) {
+  if (n == 0) return;
+  ForkGate::Pass pass;  // given up only while waiting for the workers
+  if (pid_ != ::getpid()) restart_after_fork();
+  if (n == 1 || workers_.empty()) {
+    for (size_t i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  finish(*submit(n, &fn, {}));
+}
+
+ThreadPool::Work ThreadPool::start(size_t n, std::function<void(size_t)> fn) {
+  Work work;
+  if (n == 0) return work;
+  if (pid_ != ::getpid()) restart_after_fork();
+  work.pool_ = this;
+  work.job_ = submit(n, nullptr, std::move(fn));
+  return work;
+}
+
+void ThreadPool::wait(Work& work) {
+  if (!work.job_) return;
+  ForkGate::Pass pass;
+  const std::shared_ptr<Job> job = std::move(work.job_);
+  work.pool_ = nullptr;
+  finish(*job);
+}
+
+ThreadPool::Work& ThreadPool::Work::operator=(Work&& other) noexcept {
+  if (this != &other) {
+    if (job_) {
+      try {
+        pool_->wait(*this);
+      } catch (...) {
+      }
+    }
+    pool_ = std::exchange(other.pool_, nullptr);
+    job_ = std::move(other.job_);
+  }
+  return *this;
+}
+
+ThreadPool::Work::~Work() {
+  if (!job_) return;
+  try {
+    pool_->wait(*this);
+  } catch (...) {
+    // An unwaited Work is being dropped (the caller is unwinding): its error goes with it.
+  }
 }
 
 ThreadPool& ThreadPool::shared() {

@@ -14,6 +14,8 @@
 namespace zfeed {
 
 class ThreadPool {
+  struct Job;
+
  public:
   // `threads` counts the caller: a pool of size n starts n - 1 workers.
   explicit ThreadPool(size_t threads);
@@ -28,13 +30,37 @@ class ThreadPool {
   // started are skipped.
   void parallel_for(size_t n, const std::function<void(size_t)>& fn);
 
+  // parallel_for in two halves, so that the caller can prepare the next work while the workers
+  // run this: start() queues fn(i) for every i in [0, n) and returns at once; wait() runs what is
+  // left of it on the calling thread too, returns when every call has finished, and rethrows the
+  // first exception. A Work must be waited for before whatever fn uses goes away (its destructor
+  // waits, and drops an exception). Works queue in order: the workers finish the tasks of one
+  // before they take the next's, so two in flight overlap only at the first's end.
+  class Work {
+   public:
+    Work() = default;
+    Work(Work&&) noexcept = default;
+    Work& operator=(Work&& other) noexcept;
+    ~Work();
+    bool pending() const { return job_ != nullptr; }
+
+   private:
+    friend class ThreadPool;
+    ThreadPool* pool_ = nullptr;
+    std::shared_ptr<Job> job_;
+  };
+  Work start(size_t n, std::function<void(size_t)> fn);
+  void wait(Work& work);
+
   // The process-wide pool: ZFEED_NUM_THREADS threads, or one per hardware thread. It survives
   // fork(): its lock is held across the fork (so the child's copy is consistent), and the child's
   // first parallel_for starts fresh workers (the parent's do not exist there).
   static ThreadPool& shared();
 
  private:
-  struct Job;
+  std::shared_ptr<Job> submit(size_t n, const std::function<void(size_t)>* fn,
+                              std::function<void(size_t)> owned);
+  static void finish(Job& job);
   void start_workers();
   void restart_after_fork();
   void worker_loop();

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <future>
 #include <stdexcept>
+#include <thread>
 #include <vector>
 
 namespace zfeed {
@@ -124,6 +125,52 @@ TEST(ThreadPool, NestedExceptionPropagatesThroughOuterLevel) {
                                    }),
                  std::logic_error);
   });
+}
+
+// start() returns before its calls finish; two Works in flight each run every index once;
+// wait() returns once all of a Work's calls have finished.
+TEST(ThreadPool, StartedWorkRunsWhileTheCallerGoesOn) {
+  for (size_t threads : {size_t{1}, size_t{2}, size_t{4}}) {
+    ThreadPool pool(threads);
+    std::vector<std::atomic<int>> first(200), second(150);
+    std::atomic<bool> release{false};
+    ThreadPool::Work a = pool.start(first.size(), [&](size_t i) {
+      if (i == 0 && threads > 1) {
+        while (!release) std::this_thread::yield();
+      }
+      ++first[i];
+    });
+    ThreadPool::Work b = pool.start(second.size(), [&](size_t i) { ++second[i]; });
+    EXPECT_TRUE(a.pending() && b.pending());
+    release = true;  // start() returned with index 0 of `a` held up by this flag
+    pool.wait(b);
+    for (auto& count : second) EXPECT_EQ(count.load(), 1);
+    pool.wait(a);
+    for (auto& count : first) EXPECT_EQ(count.load(), 1);
+    EXPECT_FALSE(a.pending());
+    pool.wait(a);  // waiting again does nothing
+  }
+}
+
+TEST(ThreadPool, StartedWorkRethrowsInWaitAndIsWaitedForWhenDropped) {
+  ThreadPool pool(3);
+  ThreadPool::Work failing = pool.start(50, [](size_t i) {
+    if (i == 7) throw std::runtime_error("task 7 failed");
+  });
+  try {
+    pool.wait(failing);
+    FAIL() << "no exception";
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(), "task 7 failed");
+  }
+  std::atomic<int> done{0};
+  {
+    ThreadPool::Work dropped = pool.start(64, [&](size_t) {
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+      ++done;
+    });
+  }  // its destructor waits: nothing it uses may go away under it
+  EXPECT_EQ(done.load(), 64);
 }
 
 }  // namespace
