@@ -45,7 +45,8 @@ constexpr const char* kNoNvcomp =
     "zfeed was built without nvCOMP (pip install nvidia-libnvcomp-cu13 into .venv, or set "
     "ZFEED_NVCOMP_ROOT, and rebuild)";
 
-std::string item_error(const GpuDecodeItem& item, const std::string& what) {
+// Used by the nvCOMP build only (a build with CUDA but without nvCOMP has no decoder to fail).
+[[maybe_unused]] std::string item_error(const GpuDecodeItem& item, const std::string& what) {
   return std::string(item.key) + ": GPU " + gpu_codec_name(item.codec) + " decode failed: " + what;
 }
 

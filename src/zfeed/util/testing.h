@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -149,9 +150,20 @@ inline int exit_status_of_child(pid_t child, double seconds = 60) {
       return -1;
     }
     if (std::chrono::steady_clock::now() > deadline) {
+      // Where gdb is at hand, the hung child's threads' stacks say which lock it waits for.
+      std::string stacks;
+      const std::string command = "gdb -p " + std::to_string(child) +
+                                  " -batch -ex 'thread apply all bt 30' 2>/dev/null | grep -E "
+                                  "'^(Thread|#)' | head -150";
+      if (FILE* pipe = ::popen(command.c_str(), "r")) {
+        char line[512];
+        while (std::fgets(line, sizeof line, pipe)) stacks += line;
+        ::pclose(pipe);
+      }
       ::kill(child, SIGKILL);
       ::waitpid(child, &status, 0);
-      ADD_FAILURE() << "the forked child hung (killed after " << seconds << " s)";
+      ADD_FAILURE() << "the forked child hung (killed after " << seconds << " s)"
+                    << (stacks.empty() ? std::string() : "; its threads:\n" + stacks);
       return -1;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
