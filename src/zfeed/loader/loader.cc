@@ -228,6 +228,7 @@ struct Loader::Shared {
   std::vector<std::unique_ptr<BatchMemory>> free;
   std::deque<Ready> ready;
   bool stop = false;
+  bool producer_started = false;  // the prefetch thread runs (its start-up is done)
   bool producer_waiting = false;
   bool producer_done = false;
   size_t input_bytes = 0, target_bytes = 0, batch_size = 0;
@@ -1111,6 +1112,13 @@ struct Loader::Flight {
 
 void Loader::produce(uint64_t epoch, uint64_t first_batch) {
   Shared& shared = *shared_;
+  // Running: the thread's start-up is done. Said before taking a pass, which waits while a fork
+  // is pending (start_producer holds one until this).
+  {
+    std::lock_guard lock(shared.mutex);
+    shared.producer_started = true;
+  }
+  shared.cv.notify_all();
   ForkGate::Pass pass;  // given up only while waiting for a buffer (and inside the pool's waits)
   // Where no array goes through the decoded-chunk cache, each batch's reads depend on nothing of
   // the others': the next batch's reads are queued before the last ones of this batch finish, so
@@ -1293,15 +1301,21 @@ void Loader::start_producer() {
     if (shared_->free.empty()) shared_->free.push_back(shared_->allocate());
   }
   if (producer_) return;
+  // Held until the thread runs: a thread's start-up (the C library's and a sanitizer's
+  // allocations) is outside the fork gate, so a fork() from elsewhere waits for it.
+  ForkGate::Pass pass;
   {
     std::lock_guard lock(shared_->mutex);
     shared_->stop = false;
+    shared_->producer_started = false;
     shared_->producer_done = false;
     shared_->producer_waiting = false;
   }
   producer_pid_ = ::getpid();
   producer_ = std::make_unique<std::thread>(
       [this, epoch = epoch_, first = position_] { produce(epoch, first); });
+  std::unique_lock lock(shared_->mutex);
+  shared_->cv.wait(lock, [&] { return shared_->producer_started; });
 }
 
 void Loader::stop_producer() {

@@ -63,13 +63,17 @@ TEST(ForkGate, ForkWhileThePoolIsBusyLeavesAUsableChild) {
     return total.load();
   };
   const uint64_t expected = allocating_sum(64);
-  std::atomic<bool> stop{false};
+  std::atomic<bool> stop{false}, running{false};
   std::thread busy([&] {  // as the loader's prefetch thread: it works holding a pass
     while (!stop) {
       ForkGate::Pass pass;
+      running = true;
       EXPECT_EQ(allocating_sum(64), expected);
     }
   });
+  // A thread's own start-up (the C library's and the sanitizer's allocations) is outside the
+  // gate: the loader waits for its prefetch thread to run before it goes on, and so does this.
+  while (!running) std::this_thread::yield();
   for (int round = 0; round < 20; ++round) {
     const pid_t child = ::fork();
     ASSERT_GE(child, 0);

@@ -29,16 +29,22 @@ struct ThreadPool::Job {
 };
 
 ThreadPool::ThreadPool(size_t threads) : threads_(threads == 0 ? 1 : threads), pid_(::getpid()) {
-  start_workers();
+  ForkGate::Pass pass;  // no fork while the workers start
+  std::unique_lock lock(mutex_);
+  start_workers(lock);
 }
 
-void ThreadPool::start_workers() {
+void ThreadPool::start_workers(std::unique_lock<std::mutex>& lock) {
   workers_.reserve(threads_ - 1);
+  workers_started_ = 0;
   for (size_t i = 0; i + 1 < threads_; ++i) workers_.emplace_back([this] { worker_loop(); });
+  // Wait until every worker runs: a new thread's start-up (the C library's and a sanitizer's
+  // allocations) is outside the fork gate, so a fork() must not overlap it.
+  work_available_.wait(lock, [this] { return workers_started_ == workers_.size(); });
 }
 
 void ThreadPool::restart_after_fork() {
-  std::lock_guard lock(mutex_);
+  std::unique_lock lock(mutex_);
   if (pid_ == ::getpid()) return;
   // The parent's workers do not exist in this process: their handles are dropped without a join
   // (destroying a joinable std::thread would terminate), and so are the parent's pending jobs.
@@ -47,7 +53,7 @@ void ThreadPool::restart_after_fork() {
   jobs_.clear();
   stopping_ = false;
   pid_ = ::getpid();
-  start_workers();
+  start_workers(lock);
 }
 
 ThreadPool::~ThreadPool() {
@@ -85,6 +91,13 @@ void ThreadPool::run_some(Job& job) {
 void ThreadPool::worker_loop() {
   // A worker holds a fork pass except while idle, so fork() waits for the calls it runs and
   // for its allocations and frees around them (taking a job, dropping finished ones).
+  // Running: the thread's start-up is done (start_workers waits for this). Said before taking
+  // the pass, which waits while a fork is pending.
+  {
+    std::lock_guard lock(mutex_);
+    ++workers_started_;
+  }
+  work_available_.notify_all();
   ForkGate::Pass pass;
   for (;;) {
     {

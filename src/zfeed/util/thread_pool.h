@@ -61,7 +61,7 @@ class ThreadPool {
   std::shared_ptr<Job> submit(size_t n, const std::function<void(size_t)>* fn,
                               std::function<void(size_t)> owned);
   static void finish(Job& job);
-  void start_workers();
+  void start_workers(std::unique_lock<std::mutex>& lock);  // `lock` holds mutex_
   void restart_after_fork();
   void worker_loop();
   static void run_some(Job& job);
@@ -70,6 +70,7 @@ class ThreadPool {
   std::condition_variable work_available_;
   std::deque<std::shared_ptr<Job>> jobs_;
   std::vector<std::thread> workers_;
+  size_t workers_started_ = 0;  // under mutex_: workers that reached their loop
   bool stopping_ = false;
   size_t threads_ = 1;
   int pid_ = 0;  // the process whose workers these are
