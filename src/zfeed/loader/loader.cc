@@ -229,6 +229,8 @@ struct Loader::Shared {
   std::deque<Ready> ready;
   bool stop = false;
   bool producer_started = false;  // the prefetch thread runs (its start-up is done)
+  bool producer_parked = false;   // it has produced all it will and waits to exit
+  bool producer_may_exit = false;
   bool producer_waiting = false;
   bool producer_done = false;
   size_t input_bytes = 0, target_bytes = 0, batch_size = 0;
@@ -1119,6 +1121,17 @@ void Loader::produce(uint64_t epoch, uint64_t first_batch) {
     shared.producer_started = true;
   }
   shared.cv.notify_all();
+  produce_batches(epoch, first_batch);
+  // Parked, holding no pass, until stop_producer() lets it go while holding one: the thread's
+  // exit (the C library's and a sanitizer's frees) is thus never under way across a fork.
+  std::unique_lock lock(shared.mutex);
+  shared.producer_parked = true;
+  shared.cv.notify_all();
+  shared.cv.wait(lock, [&] { return shared.producer_may_exit; });
+}
+
+void Loader::produce_batches(uint64_t epoch, uint64_t first_batch) {
+  Shared& shared = *shared_;
   ForkGate::Pass pass;  // given up only while waiting for a buffer (and inside the pool's waits)
   // Where no array goes through the decoded-chunk cache, each batch's reads depend on nothing of
   // the others': the next batch's reads are queued before the last ones of this batch finish, so
@@ -1308,6 +1321,8 @@ void Loader::start_producer() {
     std::lock_guard lock(shared_->mutex);
     shared_->stop = false;
     shared_->producer_started = false;
+    shared_->producer_parked = false;
+    shared_->producer_may_exit = false;
     shared_->producer_done = false;
     shared_->producer_waiting = false;
   }
@@ -1324,8 +1339,16 @@ void Loader::stop_producer() {
     (void)producer_.release();  // a forked child: the thread is not ours to join
   } else {
     {
-      std::lock_guard lock(shared_->mutex);
+      std::unique_lock lock(shared_->mutex);
       shared_->stop = true;
+      shared_->cv.notify_all();
+      shared_->cv.wait(lock, [&] { return shared_->producer_parked; });
+    }
+    // The thread takes no pass any more: hold one while it exits, so that no fork overlaps that.
+    ForkGate::Pass pass;
+    {
+      std::lock_guard lock(shared_->mutex);
+      shared_->producer_may_exit = true;
     }
     shared_->cv.notify_all();
     producer_->join();

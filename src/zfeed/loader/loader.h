@@ -332,7 +332,8 @@ class Loader {
   void plan_own_batches(std::span<const uint64_t> indices);
   void start_producer();
   void stop_producer();
-  void produce(uint64_t epoch, uint64_t first_batch);
+  void produce(uint64_t epoch, uint64_t first_batch);  // the prefetch thread
+  void produce_batches(uint64_t epoch, uint64_t first_batch);
 
   LoaderSpec spec_;
   std::vector<zarr::Array> arrays_;  // one per distinct variable name
