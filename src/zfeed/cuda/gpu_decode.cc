@@ -4,7 +4,6 @@
 #include <cstring>
 #include <string>
 #include <thread>
-#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -255,6 +254,13 @@ struct Part {
   size_t src_size = 0;
   uint8_t* dst = nullptr;
   size_t decoded_size = 0;
+  int64_t verdict = -1;  // its verdict's index, where its bytes are checked on the GPU
+};
+
+// Host bytes copied into the staging buffer at `offset`: a part's payload or a stored stream.
+struct Staged {
+  const uint8_t* src = nullptr;
+  size_t size = 0, offset = 0;
 };
 
 // A stream blosc stored as it is: staged with the payloads, then copied into place on the GPU.
@@ -313,15 +319,8 @@ struct GpuDecoder::Impl {
   std::vector<Group> groups;
   std::vector<Bounce> bounces;
   size_t temp_bytes = 0;
-  std::vector<Part> parts;  // in the arrays' order (by family)
-  struct Record {
-    GpuCodec codec;
-    size_t decoded_size;
-    uint32_t item;
-    bool blosc;
-    int64_t verdict = -1;  // its verdict's index, where its bytes were checked on the GPU
-  };
-  std::vector<Record> records;    // by sorted position
+  std::vector<Part> parts;        // in the arrays' order (by family), kept until the next batch
+  std::vector<Staged> staged;     // the host bytes to stage, in staging order
   std::vector<std::string> keys;  // by item
   std::vector<Realign> realigns;
   std::vector<BloscChunk> blosc_chunks;
@@ -375,7 +374,7 @@ struct GpuDecoder::Impl {
     staging = pool->acquire(size <= pool->max_bytes() ? size : bytes);
   }
 
-  std::string part_error(const Record& r, const std::string& what) const {
+  std::string part_error(const Part& r, const std::string& what) const {
     return keys[r.item] + ": GPU " +
            (r.blosc ? std::string("blosc (") + gpu_codec_name(r.codec) + " streams)"
                     : std::string(gpu_codec_name(r.codec))) +
@@ -426,7 +425,7 @@ struct GpuDecoder::Impl {
         cudaStreamSynchronize(s);  // the staging buffer may still be read by the copy
         pending = launched = false;
         throw Error(std::string("GPU ") + family_name(g.family) + " decode of " +
-                    std::to_string(g.count) + " chunks (first " + keys[records[g.first].item] +
+                    std::to_string(g.count) + " chunks (first " + keys[parts[g.first].item] +
                     ") failed to launch: " + status_text(status));
       }
       ++stats.launches;
@@ -439,46 +438,24 @@ struct GpuDecoder::Impl {
   }
 
   // Copies the staged host bytes into the pinned staging buffer; with several threads for large
-  // batches. `list` is in staging order; `total` is the sum of its sizes.
-  template <typename Entry, typename SourceOf>
-  void copy_to_staging(const std::vector<Entry>& list, SourceOf source_of, size_t total,
-                       unsigned threads, unsigned t, size_t& at) {
-    uint8_t* dst = staging.data();
-    const size_t begin = total * t / threads, end = total * (t + 1) / threads;
-    for (const Entry& e : list) {
-      if (at >= end) return;
-      const auto [src, offset, size] = source_of(e);
-      if (src == nullptr) continue;
-      const size_t lo = std::max(at, begin), hi = std::min(at + size, end);
-      if (lo < hi) std::memcpy(dst + offset + (lo - at), src + (lo - at), hi - lo);
-      at += size;
-    }
-  }
-
-  void copy_payloads(const std::vector<size_t>& offsets) {
+  // batches.
+  void copy_payloads() {
     unsigned threads = options.copy_threads
                            ? options.copy_threads
                            : std::min(8u, std::max(1u, std::thread::hardware_concurrency()));
     if (payload_bytes < kParallelCopyBytes) threads = 1;
-    // Thread t copies the bytes [t * total / threads, (t + 1) * total / threads) of the payloads
-    // laid end to end: the parts' (host bytes only), then the stored streams.
+    // Thread t copies the bytes [t * total / threads, (t + 1) * total / threads) of the staged
+    // bytes laid end to end.
     auto work = [&](unsigned t) {
+      const size_t begin = payload_bytes * t / threads, end = payload_bytes * (t + 1) / threads;
       size_t at = 0;
-      size_t position = 0;
-      copy_to_staging(
-          parts,
-          [&](const Part& p) {
-            const size_t offset = offsets[position++];
-            return std::tuple<const uint8_t*, size_t, size_t>{p.on_device ? nullptr : p.src, offset,
-                                                              p.src_size};
-          },
-          payload_bytes, threads, t, at);
-      copy_to_staging(
-          stored,
-          [](const StoredStream& s) {
-            return std::tuple<const uint8_t*, size_t, size_t>{s.src, s.offset, s.size};
-          },
-          payload_bytes, threads, t, at);
+      for (const Staged& piece : staged) {
+        if (at >= end) return;
+        const size_t lo = std::max(at, begin), hi = std::min(at + piece.size, end);
+        if (lo < hi)
+          std::memcpy(staging.data() + piece.offset + (lo - at), piece.src + (lo - at), hi - lo);
+        at += piece.size;
+      }
     };
     if (threads == 1) return work(0);
     std::vector<std::thread> pool_threads;
@@ -601,8 +578,6 @@ struct GpuDecoder::Impl {
     layout.m = 0;
     groups.clear();
     bounces.clear();
-    records.clear();
-    records.reserve(n);
     size_t bounce_bytes = 0;
     for (size_t pos = 0; pos < n; ++pos) {
       const Part& part = parts[pos];
@@ -617,9 +592,7 @@ struct GpuDecoder::Impl {
         bounces.push_back({pos, part.dst, bounce_bytes, part.decoded_size});
         bounce_bytes = round_up(bounce_bytes + part.decoded_size, kBounceAlignment);
       }
-      Record record{part.codec, part.decoded_size, part.item, part.blosc};
-      if (part.on_device) record.verdict = static_cast<int64_t>(layout.m++);
-      records.push_back(record);
+      if (part.on_device) parts[pos].verdict = static_cast<int64_t>(layout.m++);
     }
     copy_gathers = bounces.size() + stored.size();
     unshuffle_gathers = unshuffles.size();
@@ -628,6 +601,7 @@ struct GpuDecoder::Impl {
     // The payloads' places: the parts' host bytes (and device bytes nvCOMP cannot read in place),
     // then blosc's stored streams.
     realigns.clear();
+    staged.clear();
     std::vector<size_t> offsets(n);
     payload_bytes = 0;
     size_t at = layout.payloads();
@@ -648,6 +622,7 @@ struct GpuDecoder::Impl {
       } else {
         at = round_up(at, input_alignment);
         offsets[pos] = at;
+        staged.push_back({part.src, part.src_size, at});
         at += part.src_size;
         payload_bytes += part.src_size;
       }
@@ -655,6 +630,7 @@ struct GpuDecoder::Impl {
     for (StoredStream& copy : stored) {
       at = round_up(at, kPayloadAlignment);
       copy.offset = at;
+      staged.push_back({copy.src, copy.size, at});
       at += copy.size;
       payload_bytes += copy.size;
     }
@@ -686,7 +662,7 @@ struct GpuDecoder::Impl {
           src = base + realigns[realign_index++].offset;
         host_ptrs(layout.in_ptrs())[pos] = const_cast<void*>(src);
         host_sizes(layout.in_sizes())[pos] = part.src_size;
-        positions[records[pos].verdict] = static_cast<uint32_t>(pos);
+        positions[part.verdict] = static_cast<uint32_t>(pos);
       } else {
         host_ptrs(layout.in_ptrs())[pos] = base + offsets[pos];
         host_sizes(layout.in_sizes())[pos] = part.src_size;
@@ -704,7 +680,7 @@ struct GpuDecoder::Impl {
     for (const Bounce& b : bounces) *gathers++ = {bounce.data() + b.offset, b.dst, b.size, 1};
     for (const StoredStream& st : stored) *gathers++ = {base + st.offset, st.dst, st.size, 1};
     for (const ByteGather& u : unshuffles) *gathers++ = u;
-    copy_payloads(offsets);
+    copy_payloads();
     staged_bytes = total;
     stream = s;
     prepared = true;
@@ -776,7 +752,7 @@ struct GpuDecoder::Impl {
     std::string what;
     const auto* verdicts = reinterpret_cast<const codec::FrameVerdict*>(host + layout.verdicts());
     for (size_t pos = 0; pos < layout.n; ++pos) {
-      const Record& r = records[pos];
+      const Part& r = parts[pos];
       std::string why;
       if (r.verdict >= 0 && verdicts[r.verdict].problem != codec::FrameProblem::kNone) {
         why = codec::describe(verdicts[r.verdict]);  // never reached nvCOMP
@@ -788,13 +764,13 @@ struct GpuDecoder::Impl {
       }
       if (why.empty()) continue;
       ++failures;
-      if (first == layout.n || r.item < records[first].item) {
+      if (first == layout.n || r.item < parts[first].item) {
         first = pos;
         what = std::move(why);
       }
     }
     if (failures == 0) return;
-    std::string message = part_error(records[first], what);
+    std::string message = part_error(parts[first], what);
     if (failures > 1)
       message += " (and " + std::to_string(failures - 1) + " more of the batch's " +
                  (batch_blosc_items > 0 ? "chunks and blosc streams" : "chunks") + " failed)";

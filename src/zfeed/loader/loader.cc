@@ -1156,12 +1156,8 @@ void Loader::produce_batches(uint64_t epoch, uint64_t first_batch) {
       landing->ready.error = std::current_exception();
     }
     // A batch's time counts from when the previous one landed where they overlapped.
-    const auto now = Clock::now();
-    const uint64_t batch_ns =
-        static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                  now - std::max(landing->start, last_landed))
-                                  .count());
-    last_landed = now;
+    const uint64_t batch_ns = elapsed_ns(std::max(landing->start, last_landed));
+    last_landed = Clock::now();
     shared.batch_ns += batch_ns;
     landing->ready.memory->assemble_ns = batch_ns;
     const bool failed = static_cast<bool>(landing->ready.error);

@@ -285,9 +285,7 @@ class FileStore final : public Store {
       }
       done += static_cast<size_t>(got);
     }
-    counters.read_ns += static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                                  std::chrono::steady_clock::now() - start)
-                                                  .count());
+    counters.read_ns += elapsed_ns(start);
   }
 
   void make_directories(const std::string& directory, std::string_view key) const {
