@@ -78,10 +78,9 @@ void cast_to(const uint8_t* src, uint8_t* dst, OutputType out, size_t count,
   }
 }
 
-}  // namespace
-
-void cast_values(const uint8_t* src, DataType type, uint8_t* dst, OutputType out, size_t count,
-                 Normalization normalization) {
+// The cast loops for every stored type (inlined into each caller below).
+inline void cast_any(const uint8_t* src, DataType type, uint8_t* dst, OutputType out, size_t count,
+                     Normalization normalization) {
   switch (type.id) {
     case DataTypeId::kBool:
     case DataTypeId::kUInt8:
@@ -112,6 +111,35 @@ void cast_values(const uint8_t* src, DataType type, uint8_t* dst, OutputType out
       throw UnsupportedError("loader: cannot cast " + std::string(type.name()) + " to " +
                              output_name(out));
   }
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define ZFEED_CAST_AVX2 1
+// The same loops compiled for AVX2 (`flatten` inlines them here, so they take this target):
+// twice the width of the baseline's SSE2, which halves the normalizing cast's time per plane
+// (a division per value: (x - mean) / std, to equal numpy's float32 result to the last bit; the
+// division is exact-rounded at any width). Chosen at run time where the CPU has AVX2.
+__attribute__((target("avx2"), flatten)) void cast_any_avx2(const uint8_t* src, DataType type,
+                                                            uint8_t* dst, OutputType out,
+                                                            size_t count,
+                                                            Normalization normalization) {
+  cast_any(src, type, dst, out, count, normalization);
+}
+
+bool cpu_has_avx2() {
+  static const bool has = __builtin_cpu_supports("avx2");
+  return has;
+}
+#endif
+
+}  // namespace
+
+void cast_values(const uint8_t* src, DataType type, uint8_t* dst, OutputType out, size_t count,
+                 Normalization normalization) {
+#if ZFEED_CAST_AVX2
+  if (cpu_has_avx2()) return cast_any_avx2(src, type, dst, out, count, normalization);
+#endif
+  cast_any(src, type, dst, out, count, normalization);
 }
 
 void stream_values(const uint8_t* src, DataType type, uint8_t* dst, OutputType out, size_t count,
