@@ -303,7 +303,8 @@ class Loader:
     @property
     def memory_bound(self) -> int:
         """Bytes the loader holds at most while the consumer keeps one batch at a time: batch
-        buffers, the decoded-chunk cache budget and one batch's chunks in flight."""
+        buffers, the decoded-chunk cache budget, one batch's chunks in flight, and per thread its
+        scratch buffers and the chunk files it keeps mapped (8 MiB)."""
         return self._core.memory_bound
 
     @property

@@ -15,6 +15,7 @@
 
 #include "zfeed/codec/data_type.h"
 #include "zfeed/loader/cast_values.h"
+#include "zfeed/store/mapped_read.h"
 #include "zfeed/util/error.h"
 #include "zfeed/util/fork_gate.h"
 #include "zfeed/util/io_counters.h"
@@ -680,8 +681,10 @@ uint64_t Loader::memory_bound() const {
   add(input_sources_, spec_.history);
   add(target_sources_, 1);
   // In flight twice: the batch's chunks, and as many spare buffers kept for the next batch.
+  // Each thread also keeps up to kMappedReadArenaBytes of chunk files mapped after reading them
+  // (the page cache's pages, but counted in the process's resident size).
   return (spec_.prefetch + 1) * batch + cache_.budget() + 2 * in_flight +
-         ThreadPool::shared().size() * scratch;
+         ThreadPool::shared().size() * (scratch + kMappedReadArenaBytes);
 }
 
 std::array<uint64_t, 2> Loader::crop_origin(uint64_t epoch, uint64_t time) const {

@@ -25,13 +25,13 @@ thread_local Slot slots[kSlots];
 
 // Where a thread's mappings go: a reserved range of address space (PROT_NONE, no memory behind
 // it) that mappings are placed into one after another. A mapping that is done with stays there,
-// unused, until the range is full; then one call puts the whole range back to PROT_NONE. Unmapping
-// each one alone costs a TLB flush on every core that runs a thread of the process (an
+// unused, until the range is full; then one call puts the whole range back to PROT_NONE.
+// Unmapping each one alone costs a TLB flush on every core that runs a thread of the process (an
 // interrupt each, and the unmapping thread waits for them all): the loader did that once per
-// chunk, and it took 3-4% of its decoding time on 2 cores (more cores, more interrupts). The price
-// is up to kArenaBytes per thread of file pages that stay mapped (counted in RSS as file pages)
-// until the next reset or the thread's end.
-constexpr size_t kArenaBytes = size_t{16} << 20;
+// chunk, which took 3-4% of its decoding time on 2 cores (more cores, more interrupts). The price
+// is up to kMappedReadArenaBytes per thread of file pages that stay mapped (the page cache's
+// pages, counted in the process's RSS) until the next reset or the thread's end.
+constexpr size_t kArenaBytes = kMappedReadArenaBytes;
 struct Arena {
   uint8_t* base = nullptr;
   size_t used = 0;
@@ -44,7 +44,7 @@ struct Arena {
 
   // Room for `bytes` at the end of the range, or nullptr where the mapping goes elsewhere.
   uint8_t* place(size_t bytes) {
-    if (broken || bytes > kArenaBytes / 4) return nullptr;
+    if (broken || bytes > kArenaBytes / 2) return nullptr;
     if (base == nullptr) {
       void* reserved = ::mmap(nullptr, kArenaBytes, PROT_NONE,
                               MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);

@@ -7,8 +7,9 @@
 // zeros where the missing page was, marks the mapping as cut short, and lets the reader go on;
 // the reader then throws its result away and reads the file again (FileStore::with_bytes). A
 // SIGBUS elsewhere goes to the handler that was there before zfeed's. A thread's mappings of up
-// to 4 MiB are placed one after another in a 16 MiB range it reserves, and unmapped together when
-// it is full (one TLB flush across the cores for many chunks, not one per chunk).
+// to half of kMappedReadArenaBytes are placed one after another in a range of that size it
+// reserves, and unmapped together when it is full (one TLB flush across the cores for many
+// chunks, not one per chunk).
 #pragma once
 
 #include <cstddef>
@@ -18,6 +19,10 @@
 #include "zfeed/util/bytes.h"
 
 namespace zfeed {
+
+// The most of a file's pages a thread keeps mapped after its reads are done with them (until its
+// next mappings need the room): part of the loader's memory bound.
+inline constexpr size_t kMappedReadArenaBytes = size_t{8} << 20;
 
 // A mapping belongs to the thread that made it (the handler looks in that thread's table): use
 // and destroy it there.
