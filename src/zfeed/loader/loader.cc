@@ -1151,6 +1151,20 @@ void Loader::produce_batches(uint64_t epoch, uint64_t first_batch) {
   Clock::time_point last_landed{};
   // Waits for the flight's reads and hands its batch over.
   enum class Landed { kGoOn, kFailed, kStopped };
+  // Hands a batch to the consumer (or its buffer back, where the loader is stopping).
+  auto hand_over = [&](Shared::Ready ready) -> Landed {
+    const bool failed = static_cast<bool>(ready.error);
+    {
+      std::lock_guard lock(shared.mutex);
+      if (shared.stop) {
+        shared.free.push_back(std::move(ready.memory));
+        return Landed::kStopped;
+      }
+      shared.ready.push_back(std::move(ready));
+    }
+    shared.cv.notify_all();
+    return failed ? Landed::kFailed : Landed::kGoOn;
+  };
   auto land = [&]() -> Landed {
     std::unique_ptr<Flight> landing = std::move(flight);
     try {
@@ -1163,17 +1177,7 @@ void Loader::produce_batches(uint64_t epoch, uint64_t first_batch) {
     last_landed = Clock::now();
     shared.batch_ns += batch_ns;
     landing->ready.memory->assemble_ns = batch_ns;
-    const bool failed = static_cast<bool>(landing->ready.error);
-    {
-      std::lock_guard lock(shared.mutex);
-      if (shared.stop) {
-        shared.free.push_back(std::move(landing->ready.memory));
-        return Landed::kStopped;
-      }
-      shared.ready.push_back(std::move(landing->ready));
-    }
-    shared.cv.notify_all();
-    return failed ? Landed::kFailed : Landed::kGoOn;
+    return hand_over(std::move(landing->ready));
   };
   // Stopping with a batch in flight: its reads finish (they use its buffer), the buffer returns.
   auto abandon = [&] {
@@ -1258,17 +1262,7 @@ void Loader::produce_batches(uint64_t epoch, uint64_t first_batch) {
       } catch (...) {
         ready.error = std::current_exception();
       }
-      const bool failed = static_cast<bool>(ready.error);
-      {
-        std::lock_guard lock(shared.mutex);
-        if (shared.stop) {
-          shared.free.push_back(std::move(ready.memory));
-          return;
-        }
-        shared.ready.push_back(std::move(ready));
-      }
-      shared.cv.notify_all();
-      if (failed) break;
+      landed = hand_over(std::move(ready));
     }
     // The last batch in flight lands; after a failure or a stop, the next one is dropped.
     if (flight && landed == Landed::kGoOn) landed = land();
