@@ -516,6 +516,42 @@ uint64_t declared_length(int fd, uint64_t at) {
   return length;
 }
 
+// Where a GRIB 1 message (of `length` bytes at `at`, its length declared) codes fewer values
+// than its regular grid has points and has no bitmap, why; "" otherwise, and where the check does
+// not apply (a bitmap, spectral or second-order packing, a constant field, a thinned grid). Read
+// from the sections themselves before ecCodes sees the message: ecCodes 2.28 recurses without end
+// computing numberOfPoints for some of those (grib_fuzz found one: a bitmap flag cleared, so the
+// bitmap section reads as a data section of no values).
+std::string grib1_value_count_problem(int fd, uint64_t at, uint64_t length) {
+  auto read = [&](uint64_t offset, uint8_t* out, size_t size) {
+    return offset + size <= length &&
+           ::pread(fd, out, size, static_cast<off_t>(at + offset)) == static_cast<ssize_t>(size);
+  };
+  auto u24 = [](const uint8_t* p) { return uint64_t{p[0]} << 16 | uint64_t{p[1]} << 8 | p[2]; };
+  uint8_t pds[8] = {};
+  if (!read(8, pds, sizeof pds)) return "";
+  const uint8_t flags = pds[7];
+  uint64_t offset = 8 + u24(pds);
+  if (!(flags & 0x80) || (flags & 0x40)) return "";  // no grid section, or a bitmap
+  uint8_t gds[10] = {};
+  if (!read(offset, gds, sizeof gds)) return "";
+  const uint8_t representation = gds[5];
+  const uint64_t ni = uint64_t{gds[6]} << 8 | gds[7], nj = uint64_t{gds[8]} << 8 | gds[9];
+  if ((representation != 0 && representation != 4) || ni == 0xFFFF || nj == 0xFFFF) return "";
+  offset += u24(gds);
+  uint8_t bds[11] = {};
+  if (!read(offset, bds, sizeof bds)) return "";
+  const uint64_t bds_length = u24(bds), unused_bits = bds[3] & 0x0F, bits = bds[10];
+  if ((bds[3] & 0xD0) != 0 || bits == 0 || bds_length < sizeof bds)
+    return "";  // simple packing only
+  const uint64_t coded =
+      ((bds_length - sizeof bds) * 8 - std::min(unused_bits, (bds_length - sizeof bds) * 8)) / bits;
+  if (coded >= ni * nj) return "";
+  return "its data section codes " + std::to_string(coded) + " values for a grid of " +
+         std::to_string(ni) + " x " + std::to_string(nj) +
+         " points and it has no bitmap (corrupt message)";
+}
+
 }  // namespace
 
 GribSource::GribSource(const std::string& path) : Source(path) {
@@ -603,6 +639,11 @@ void GribSource::scan() {
         throw Error(here + ": declares " + std::to_string(declared) +
                     " bytes but is not a whole message of that length (no \"7777\" at its end; "
                     "corrupt file)");
+      }
+      if (declared > 0 && head[7] == 1) {
+        if (const std::string problem = grib1_value_count_problem(fd_, at, declared);
+            !problem.empty())
+          throw Error(here + ": " + problem);
       }
     }
     int status = 0;

@@ -520,6 +520,18 @@ TEST(GribSource, AnEccodesAssertionIsAnErrorNotAnAbort) {
   EXPECT_EQ(GribSource(dir / "good.grib").message_count(), 1u);
 }
 
+// A GRIB 1 message whose bitmap flag was cleared (found by grib_fuzz): its bitmap section then
+// reads as a data section of no values, and ecCodes 2.28 recursed without end computing its
+// numberOfPoints (a stack overflow). It is refused from its sections before ecCodes sees it.
+TEST(GribSource, RefusesAGrib1MessageCodingFewerValuesThanItsGrid) {
+  const std::string input =
+      std::string(ZFEED_SOURCE_DIR) + "/fuzz/regressions/grib_fuzz/bitmap-flag-cleared-recursion";
+  const std::string error = error_of([&] { GribSource source(input); });
+  EXPECT_CONTAINS(error,
+                  "bitmap-flag-cleared-recursion: message 1 at byte 0: its data section codes 0 "
+                  "values for a grid of 128 x 64 points and it has no bitmap (corrupt message)");
+}
+
 // A step in a missing unit (255) sent ecCodes' validity date into a minute-long loop; such a
 // message is refused at once, naming the unit, and so is a step beyond 1000 years.
 TEST(GribSource, RefusesAStepWithoutAUnitOfTimeOrBeyondAMillennium) {
