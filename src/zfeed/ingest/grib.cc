@@ -516,40 +516,77 @@ uint64_t declared_length(int fd, uint64_t at) {
   return length;
 }
 
-// Where a GRIB 1 message (of `length` bytes at `at`, its length declared) codes fewer values
-// than its regular grid has points and has no bitmap, why; "" otherwise, and where the check does
-// not apply (a bitmap, spectral or second-order packing, a constant field, a thinned grid). Read
-// from the sections themselves before ecCodes sees the message: ecCodes 2.28 recurses without end
-// computing numberOfPoints for some of those (grib_fuzz found one: a bitmap flag cleared, so the
-// bitmap section reads as a data section of no values).
-std::string grib1_value_count_problem(int fd, uint64_t at, uint64_t length) {
+// What is wrong with the sections of the GRIB 1 message of `length` bytes (its declared length)
+// at `at`, "" where nothing is found: each section shorter than its fixed header or running past
+// the message's end, a bitmap with fewer bits than the grid has points, or (without a bitmap) a
+// data section coding fewer values than a regular grid's points. Read from the sections
+// themselves before ecCodes sees the message: ecCodes 2.28 recurses without end computing
+// numberOfPoints for some such messages (grib_fuzz found them: a cleared bitmap flag, so the
+// bitmap reads as a data section of no values; a grid section cut short, so the data section
+// starts inside it).
+std::string grib1_structure_problem(int fd, uint64_t at, uint64_t length) {
   auto read = [&](uint64_t offset, uint8_t* out, size_t size) {
     return offset + size <= length &&
            ::pread(fd, out, size, static_cast<off_t>(at + offset)) == static_cast<ssize_t>(size);
   };
   auto u24 = [](const uint8_t* p) { return uint64_t{p[0]} << 16 | uint64_t{p[1]} << 8 | p[2]; };
-  uint8_t pds[8] = {};
-  if (!read(8, pds, sizeof pds)) return "";
+  const uint64_t end = length - 4;  // where "7777" starts (checked before)
+  uint64_t offset = 8;
+  // Reads the header of section `name` at `offset` into `header`: its length must hold the header
+  // and end before "7777".
+  std::string problem;
+  auto section = [&](const char* name, uint8_t* header, size_t header_size, uint64_t minimum,
+                     uint64_t& section_length) {
+    if (!read(offset, header, header_size)) {
+      problem = std::string(name) + " section at byte " + std::to_string(offset) +
+                " runs past the message's end";
+      return false;
+    }
+    section_length = u24(header);
+    if (section_length < minimum || offset + section_length > end) {
+      problem = std::string(name) + " section at byte " + std::to_string(offset) + " is " +
+                std::to_string(section_length) + " bytes long (at least " +
+                std::to_string(minimum) + ", ending by byte " + std::to_string(end) + ")";
+      return false;
+    }
+    return true;
+  };
+  uint8_t pds[8] = {}, gds[10] = {}, bms[6] = {}, bds[11] = {};
+  uint64_t pds_length = 0, gds_length = 0, bms_length = 0, bds_length = 0;
+  if (!section("product definition", pds, sizeof pds, 28, pds_length)) return problem;
   const uint8_t flags = pds[7];
-  uint64_t offset = 8 + u24(pds);
-  if (!(flags & 0x80) || (flags & 0x40)) return "";  // no grid section, or a bitmap
-  uint8_t gds[10] = {};
-  if (!read(offset, gds, sizeof gds)) return "";
-  const uint8_t representation = gds[5];
+  const bool has_grid = flags & 0x80, has_bitmap = flags & 0x40;
+  offset += pds_length;
+  if (has_grid) {
+    if (!section("grid description", gds, sizeof gds, 32, gds_length)) return problem;
+    offset += gds_length;
+  }
+  if (has_bitmap) {
+    if (!section("bitmap", bms, sizeof bms, 6, bms_length)) return problem;
+    offset += bms_length;
+  }
+  if (!section("binary data", bds, sizeof bds, 11, bds_length)) return problem;
+  // The rest needs a regular grid's point count.
   const uint64_t ni = uint64_t{gds[6]} << 8 | gds[7], nj = uint64_t{gds[8]} << 8 | gds[9];
-  if ((representation != 0 && representation != 4) || ni == 0xFFFF || nj == 0xFFFF) return "";
-  offset += u24(gds);
-  uint8_t bds[11] = {};
-  if (!read(offset, bds, sizeof bds)) return "";
-  const uint64_t bds_length = u24(bds), unused_bits = bds[3] & 0x0F, bits = bds[10];
-  if ((bds[3] & 0xD0) != 0 || bits == 0 || bds_length < sizeof bds)
-    return "";  // simple packing only
-  const uint64_t coded =
-      ((bds_length - sizeof bds) * 8 - std::min(unused_bits, (bds_length - sizeof bds) * 8)) / bits;
-  if (coded >= ni * nj) return "";
+  if (!has_grid || (gds[5] != 0 && gds[5] != 4) || ni == 0xFFFF || nj == 0xFFFF) return "";
+  const uint64_t points = ni * nj;
+  auto bits_in = [](uint64_t bytes, uint64_t unused) {
+    return bytes * 8 - std::min(unused, bytes * 8);
+  };
+  if (has_bitmap) {
+    const bool predefined = bms[4] != 0 || bms[5] != 0;  // a bitmap from a table, not coded here
+    const uint64_t bitmap_bits = bits_in(bms_length - 6, bms[3]);
+    if (!predefined && bitmap_bits < points)
+      return "its bitmap has " + std::to_string(bitmap_bits) + " bits for a grid of " +
+             std::to_string(ni) + " x " + std::to_string(nj) + " points";
+    return "";
+  }
+  const uint64_t bits = bds[10];
+  if ((bds[3] & 0xD0) != 0 || bits == 0) return "";  // simple packing of varying values only
+  const uint64_t coded = bits_in(bds_length - 11, bds[3] & 0x0F) / bits;
+  if (coded >= points) return "";
   return "its data section codes " + std::to_string(coded) + " values for a grid of " +
-         std::to_string(ni) + " x " + std::to_string(nj) +
-         " points and it has no bitmap (corrupt message)";
+         std::to_string(ni) + " x " + std::to_string(nj) + " points and it has no bitmap";
 }
 
 }  // namespace
@@ -641,9 +678,9 @@ void GribSource::scan() {
                     "corrupt file)");
       }
       if (declared > 0 && head[7] == 1) {
-        if (const std::string problem = grib1_value_count_problem(fd_, at, declared);
+        if (const std::string problem = grib1_structure_problem(fd_, at, declared);
             !problem.empty())
-          throw Error(here + ": " + problem);
+          throw Error(here + ": " + problem + " (corrupt message)");
       }
     }
     int status = 0;

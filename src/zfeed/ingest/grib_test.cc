@@ -520,16 +520,20 @@ TEST(GribSource, AnEccodesAssertionIsAnErrorNotAnAbort) {
   EXPECT_EQ(GribSource(dir / "good.grib").message_count(), 1u);
 }
 
-// A GRIB 1 message whose bitmap flag was cleared (found by grib_fuzz): its bitmap section then
-// reads as a data section of no values, and ecCodes 2.28 recursed without end computing its
-// numberOfPoints (a stack overflow). It is refused from its sections before ecCodes sees it.
-TEST(GribSource, RefusesAGrib1MessageCodingFewerValuesThanItsGrid) {
-  const std::string input =
-      std::string(ZFEED_SOURCE_DIR) + "/fuzz/regressions/grib_fuzz/bitmap-flag-cleared-recursion";
-  const std::string error = error_of([&] { GribSource source(input); });
-  EXPECT_CONTAINS(error,
-                  "bitmap-flag-cleared-recursion: message 1 at byte 0: its data section codes 0 "
-                  "values for a grid of 128 x 64 points and it has no bitmap (corrupt message)");
+// GRIB 1 messages whose sections do not fit together (found by grib_fuzz): a bitmap flag cleared,
+// so the bitmap section reads as a data section of no values; a grid section 4 bytes short, so
+// the data section starts inside it. ecCodes 2.28 recursed without end computing numberOfPoints
+// for both (a stack overflow). They are refused from their sections before ecCodes sees them.
+TEST(GribSource, RefusesGrib1MessagesWhoseSectionsDoNotFit) {
+  const std::string regressions = std::string(ZFEED_SOURCE_DIR) + "/fuzz/regressions/grib_fuzz/";
+  EXPECT_CONTAINS(
+      error_of([&] { GribSource source(regressions + "bitmap-flag-cleared-recursion"); }),
+      "bitmap-flag-cleared-recursion: message 1 at byte 0: its data section codes 0 "
+      "values for a grid of 128 x 64 points and it has no bitmap (corrupt message)");
+  EXPECT_CONTAINS(
+      error_of([&] { GribSource source(regressions + "short-grid-section-recursion"); }),
+      "short-grid-section-recursion: message 1 at byte 0: grid description section at "
+      "byte 60 is 28 bytes long (at least 32, ending by byte 104) (corrupt message)");
 }
 
 // A step in a missing unit (255) sent ecCodes' validity date into a minute-long loop; such a
