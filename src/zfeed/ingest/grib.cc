@@ -499,6 +499,9 @@ uint64_t find_magic(int fd, uint64_t from) {
   }
 }
 
+// A 24-bit big-endian number, as GRIB 1 codes its lengths.
+uint64_t u24(const uint8_t* p) { return uint64_t{p[0]} << 16 | uint64_t{p[1]} << 8 | p[2]; }
+
 // The length the message at `at` declares in its indicator section, or 0 where it is not known
 // (no full header there, an edition other than 1 and 2, or a GRIB 1 "large message", whose true
 // length is coded elsewhere and bounded by 2^23 * 120 bytes).
@@ -507,7 +510,7 @@ uint64_t declared_length(int fd, uint64_t at) {
   const ssize_t got = ::pread(fd, head, sizeof head, static_cast<off_t>(at));
   if (got < 8 || std::memcmp(head, "GRIB", 4) != 0) return 0;
   if (head[7] == 1) {
-    const uint64_t length = uint64_t{head[4]} << 16 | uint64_t{head[5]} << 8 | head[6];
+    const uint64_t length = u24(head + 4);
     return length & 0x800000 ? 0 : length;
   }
   if (head[7] != 2 || got < 16) return 0;
@@ -529,12 +532,11 @@ std::string grib1_structure_problem(int fd, uint64_t at, uint64_t length) {
     return offset + size <= length &&
            ::pread(fd, out, size, static_cast<off_t>(at + offset)) == static_cast<ssize_t>(size);
   };
-  auto u24 = [](const uint8_t* p) { return uint64_t{p[0]} << 16 | uint64_t{p[1]} << 8 | p[2]; };
   const uint64_t end = length - 4;  // where "7777" starts (checked before)
   uint64_t offset = 8;
-  // Reads the header of section `name` at `offset` into `header`: its length must hold the header
-  // and end before "7777".
   std::string problem;
+  // Reads the header of section `name` at `offset` into `header`: its length must hold the header
+  // and end before "7777"; where not, says so in `problem`.
   auto section = [&](const char* name, uint8_t* header, size_t header_size, uint64_t minimum,
                      uint64_t& section_length) {
     if (!read(offset, header, header_size)) {
