@@ -302,9 +302,10 @@ class Loader:
 
     @property
     def memory_bound(self) -> int:
-        """Bytes the loader holds at most while the consumer keeps one batch at a time: batch
-        buffers, the decoded-chunk cache budget, one batch's chunks in flight, and per thread its
-        scratch buffers and the chunk files it keeps mapped (8 MiB)."""
+        """Bytes of memory the loader holds at most while the consumer keeps one batch at a time:
+        batch buffers, the decoded-chunk cache budget, one batch's chunks in flight, and per thread
+        its scratch buffers. The chunk files it reads stay mapped: those pages are the page
+        cache's (the kernel reclaims them as it needs), though the resident size counts them."""
         return self._core.memory_bound
 
     @property

@@ -681,10 +681,10 @@ uint64_t Loader::memory_bound() const {
   add(input_sources_, spec_.history);
   add(target_sources_, 1);
   // In flight twice: the batch's chunks, and as many spare buffers kept for the next batch.
-  // Each thread also keeps up to kMappedReadArenaBytes of chunk files mapped after reading them
-  // (the page cache's pages, but counted in the process's resident size).
+  // The chunk files read stay mapped (store/mapped_read.h): those are the page cache's pages,
+  // not the loader's memory, though the process's resident size counts them (RssFile).
   return (spec_.prefetch + 1) * batch + cache_.budget() + 2 * in_flight +
-         ThreadPool::shared().size() * (scratch + kMappedReadArenaBytes);
+         ThreadPool::shared().size() * scratch;
 }
 
 std::array<uint64_t, 2> Loader::crop_origin(uint64_t epoch, uint64_t time) const {
@@ -1064,6 +1064,7 @@ void Loader::read_pieces(std::span<const Piece> cached, std::span<const Piece> d
   std::unique_ptr<std::atomic<uint8_t>[]> state(new std::atomic<uint8_t>[missing.size()]());
   const size_t decodes = missing.size(), alone = direct.size(), now = ready.size();
   ThreadPool::shared().parallel_for(decodes + alone + now + waiting.size(), [&](size_t task) {
+    MappedFiles::RereadScope rereading;  // every epoch reads these files again
     if (task < decodes) {
       const size_t m = task;
       try {
@@ -1247,6 +1248,7 @@ void Loader::produce_batches(uint64_t epoch, uint64_t first_batch) {
                       next->pieces, cached);
           next->work =
               ThreadPool::shared().start(next->pieces.size(), [this, batch = next.get()](size_t i) {
+                MappedFiles::RereadScope rereading;
                 read_direct_piece(batch->pieces[i], batch->ready.memory.get());
               });
         } catch (...) {

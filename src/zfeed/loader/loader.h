@@ -250,9 +250,9 @@ class Loader {
   // The order in use ("random" or "chunks"), its time chunk (group) size and window.
   std::string order() const { return sampler_.options().group_size > 1 ? "chunks" : "random"; }
   uint64_t cache_budget() const { return cache_.budget(); }
-  // What the loader holds at most: the batch buffers (prefetch + 1), the cache budget, one
-  // batch's worth of chunks in flight, the threads' scratch buffers and the chunk files each
-  // keeps mapped (an estimate; the consumer keeping batches adds to it).
+  // The memory the loader holds at most: the batch buffers (prefetch + 1), the cache budget, one
+  // batch's worth of chunks in flight and the threads' scratch buffers (an estimate; the
+  // consumer keeping batches adds to it). The chunk files it maps are the page cache's pages.
   uint64_t memory_bound() const;
   // The sample time of dataset sample `index` (the latest input time step).
   uint64_t sample_time(uint64_t index) const { return spec_.history - 1 + index; }

@@ -12,6 +12,8 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <memory>
+#include <optional>
 #include <utility>
 
 #include "zfeed/store/mapped_read.h"
@@ -65,7 +67,11 @@ class FileStore final : public Store {
     root_ = absolute.lexically_normal().string();
     current_umask();  // read it once here, before threads write
     while (root_.size() > 1 && root_.back() == '/') root_.pop_back();
+    MappedFiles::open_directory(root_);
   }
+  ~FileStore() override { MappedFiles::close_directory(root_); }
+  FileStore(const FileStore&) = delete;
+  FileStore& operator=(const FileStore&) = delete;
 
   std::string url() const override { return "file://" + root_; }
 
@@ -87,6 +93,10 @@ class FileStore final : public Store {
 
   bool with_bytes(std::string_view key, ByteRange range,
                   const std::function<void(ByteView)>& use) const override {
+    if (mapped_reads_enabled() && mapped_file_cache_enabled()) {
+      std::optional<bool> done = with_kept_mapping(key, range, use);
+      if (done) return *done;
+    }
     FileDescriptor fd(-1);
     uint64_t size = 0;
     if (!open_value(key, fd, size)) return false;
@@ -115,6 +125,42 @@ class FileStore final : public Store {
     read_fully(fd.get(), buffer.bytes().mutable_view(), begin, key);
     use(buffer.bytes());
     return true;
+  }
+
+  // with_bytes through the file's kept mapping (store/mapped_read.h): nullopt where the value
+  // is small or the file cannot be kept mapped (read it the other ways then).
+  std::optional<bool> with_kept_mapping(std::string_view key, ByteRange range,
+                                        const std::function<void(ByteView)>& use) const {
+    check_key(key);
+    const auto start = std::chrono::steady_clock::now();
+    const std::string path = path_of(key);
+    struct stat info {};
+    if (::stat(path.c_str(), &info) != 0) {
+      if (errno == ENOENT || errno == ENOTDIR) return false;
+      throw Error(where(key) + ": stat failed: " + errno_text(errno));
+    }
+    if (S_ISDIR(info.st_mode)) return false;
+    if (static_cast<uint64_t>(info.st_size) < kMapBytes) return std::nullopt;
+    std::shared_ptr<MappedFile> file = MappedFiles::get(path, info);
+    if (!file) return std::nullopt;
+    // The file may have been replaced since the stat: its mapping's size is the one that holds.
+    auto [begin, length] = range.resolve(file->size(), where(key));
+    std::optional<MappedFileRead> read = MappedFileRead::begin(file, begin, length);
+    if (!read) return std::nullopt;
+    IoCounters& counters = thread_io_counters();
+    counters.read_bytes += length;
+    counters.read_ns += elapsed_ns(start);
+    try {
+      use(read->bytes());
+    } catch (...) {
+      if (!read->cut_short()) throw;
+    }
+    if (!read->cut_short()) return true;
+    // The file shrank while it was read (rewritten in place by another program): what `use`
+    // made of it is void, and the mapping is no longer the file's. Read the value as it is now.
+    read.reset();
+    MappedFiles::forget(path, file.get());
+    return Store::with_bytes(key, range, use);
   }
 
   bool read_range_into(std::string_view key, uint64_t offset, MutableByteView out,

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "zfeed/store/mapped_read.h"
 #include "zfeed/store/store.h"
 #include "zfeed/util/error.h"
 #include "zfeed/util/testing.h"
@@ -253,6 +254,114 @@ TEST(FileStore, WithBytesGivesTheValueMappedOrRead) {
               store->with_bytes("v", ByteRange::range((1 << 20) - 1, 2), [](ByteView) {});
             }).find("v"),
             std::string::npos);
+}
+
+// A value of `size` bytes, each a function of its position and `seed`.
+Bytes patterned(size_t size, uint8_t seed) {
+  Bytes value(size);
+  for (size_t i = 0; i < size; ++i) value[i] = static_cast<uint8_t>(i * 131 + i / 4096 + seed);
+  return value;
+}
+
+// What with_bytes hands over for `key`, and where (to tell a kept mapping's reuse).
+std::pair<Bytes, const uint8_t*> bytes_of(const Store& store, std::string_view key,
+                                          ByteRange range = ByteRange::all()) {
+  Bytes got;
+  const uint8_t* at = nullptr;
+  EXPECT_TRUE(store.with_bytes(key, range, [&](ByteView bytes) {
+    got = Bytes(bytes.size());
+    std::copy(bytes.begin(), bytes.end(), got.data());
+    at = bytes.data();
+  }));
+  return {std::move(got), at};
+}
+
+bool same_bytes(const Bytes& a, const Bytes& b) {
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin());
+}
+
+// Large values are read through one mapping of their file, kept from their second read on
+// (those read once leave nothing mapped); a file replaced
+// (written anew and renamed, as set() does), grown or shrunk in place reads as it is now, never
+// as it was; closing the store lets its mappings go.
+TEST(FileStore, KeptMappingsAreReusedAndFollowTheFile) {
+  if (!mapped_reads_enabled() || !mapped_file_cache_enabled()) GTEST_SKIP() << "mappings not kept";
+  testing::TempDir dir;
+  const size_t kept_before = MappedFiles::kept_files();
+  {
+    auto store = make_file_store(dir.path());
+    const size_t size = size_t{1} << 20;
+    store->set("a", patterned(size, 1).view());
+    store->set("b", patterned(size, 2).view());
+    EXPECT_TRUE(same_bytes(bytes_of(*store, "a").first, patterned(size, 1)));
+    EXPECT_TRUE(same_bytes(bytes_of(*store, "b").first, patterned(size, 2)));
+    EXPECT_EQ(MappedFiles::kept_files(), kept_before) << "files read once are not kept";
+    store->set("c", patterned(size, 4).view());
+    {
+      MappedFiles::RereadScope rereading;  // a loader's reads: kept from the first
+      EXPECT_TRUE(same_bytes(bytes_of(*store, "c").first, patterned(size, 4)));
+    }
+    EXPECT_EQ(MappedFiles::kept_files(), kept_before + 1);
+    auto [a1, at1] = bytes_of(*store, "a");
+    auto [b1, bt1] = bytes_of(*store, "b");
+    auto [a2, at2] = bytes_of(*store, "a", ByteRange::range(4096 * 3 + 5, 70000));
+    EXPECT_TRUE(same_bytes(a1, patterned(size, 1)));
+    EXPECT_TRUE(same_bytes(b1, patterned(size, 2)));
+    EXPECT_TRUE(same_bytes(a2, *store->get("a", ByteRange::range(4096 * 3 + 5, 70000))));
+    EXPECT_EQ(at2, at1 + 4096 * 3 + 5) << "the third read of a mapped again";
+    EXPECT_EQ(MappedFiles::kept_files(), kept_before + 3);
+
+    store->set("a", patterned(size, 3).view());  // a new file renamed over the old one
+    EXPECT_TRUE(same_bytes(bytes_of(*store, "a").first, patterned(size, 3)));
+    const std::string path = dir.path() + "/a";
+    {
+      std::ofstream grow(path, std::ios::binary | std::ios::app);
+      grow << std::string(5000, 'x');
+    }
+    Bytes grown = bytes_of(*store, "a").first;
+    ASSERT_EQ(grown.size(), size + 5000);
+    EXPECT_EQ(grown[size + 4999], 'x');
+    ASSERT_EQ(::truncate(path.c_str(), size - 200000), 0);  // shrunk in place, read after
+    EXPECT_TRUE(same_bytes(bytes_of(*store, "a").first, *store->get("a", ByteRange::all())));
+    EXPECT_EQ(MappedFiles::kept_files(), kept_before + 3);
+    fs::remove(path);
+    EXPECT_FALSE(store->with_bytes("a", ByteRange::all(), [](ByteView) { FAIL(); }));
+  }
+  EXPECT_EQ(MappedFiles::kept_files(), kept_before) << "the closed store's mappings were kept";
+}
+
+// Beyond the budget the least recently read mappings go (those still being read stay valid
+// until their reads end); a file larger than the whole budget is mapped for its read alone.
+TEST(FileStore, KeptMappingsStayWithinTheirBudget) {
+  if (!mapped_reads_enabled() || !mapped_file_cache_enabled()) GTEST_SKIP() << "mappings not kept";
+  testing::TempDir dir;
+  auto store = make_file_store(dir.path());
+  const size_t size = size_t{256} << 10;
+  for (int i = 0; i < 12; ++i) store->set("v" + std::to_string(i), patterned(size, i).view());
+  const uint64_t kept_bytes = MappedFiles::kept_bytes();
+  const size_t kept_files = MappedFiles::kept_files();
+  const auto budget = MappedFiles::set_budget(kept_bytes + 5 * size, kept_files + 3);  // 3 more
+  for (int round = 0; round < 3; ++round) {
+    for (int i = 0; i < 12; ++i) {
+      const std::string key = "v" + std::to_string(i);
+      // The read in progress outlives its mapping's eviction by the reads inside it.
+      EXPECT_TRUE(store->with_bytes(key, ByteRange::all(), [&](ByteView bytes) {
+        for (int j = 1; j <= 4; ++j) {
+          const std::string other = "v" + std::to_string((i + j) % 12);
+          EXPECT_TRUE(same_bytes(bytes_of(*store, other).first, patterned(size, (i + j) % 12)));
+        }
+        Bytes mine(bytes.size());
+        std::copy(bytes.begin(), bytes.end(), mine.data());
+        EXPECT_TRUE(same_bytes(mine, patterned(size, i))) << key;
+      }));
+      EXPECT_LE(MappedFiles::kept_files(), kept_files + 3);
+      EXPECT_LE(MappedFiles::kept_bytes(), kept_bytes + 5 * size);
+    }
+  }
+  store->set("big", patterned(6 * size, 99).view());
+  EXPECT_TRUE(same_bytes(bytes_of(*store, "big").first, patterned(6 * size, 99)));
+  EXPECT_LE(MappedFiles::kept_bytes(), kept_bytes + 5 * size);
+  MappedFiles::set_budget(budget.first, budget.second);
 }
 
 // A file shrunk in place while it is mapped (another program rewriting it) must not kill the

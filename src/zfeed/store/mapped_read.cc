@@ -1,12 +1,20 @@
 #include "zfeed/store/mapped_read.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
+#include <list>
+#include <mutex>
+#include <unordered_map>
+#include <unordered_set>
 #include <utility>
+#include <vector>
+
+#include "zfeed/util/fork_gate.h"
 
 namespace zfeed {
 namespace {
@@ -20,6 +28,7 @@ struct Slot {
   uint8_t* begin = nullptr;
   uint8_t* end = nullptr;
   volatile sig_atomic_t cut_short = 0;
+  std::atomic<int>* shared_cut_short = nullptr;  // a kept mapping's flag, for its other readers
 };
 thread_local Slot slots[kSlots];
 
@@ -79,6 +88,9 @@ void on_sigbus(int signal, siginfo_t* info, void* context) {
       // A page past the file's end: zeros in its place, and the reader is told.
       auto* start =
           reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(address) & ~(page_bytes - 1));
+      // A kept mapping is marked before the zeros go in, so that another thread reading the page
+      // after them finds the mark when its read ends.
+      if (slot.shared_cut_short) slot.shared_cut_short->store(1);
       if (::mmap(start, page_bytes, PROT_READ, MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS, -1, 0) !=
           MAP_FAILED) {
         slot.cut_short = 1;
@@ -119,11 +131,19 @@ bool mapped_reads_enabled() {
   return enabled;
 }
 
+namespace {
+
+int free_slot() {
+  for (int s = 0; s < kSlots; ++s)
+    if (slots[s].begin == nullptr) return s;
+  return -1;
+}
+
+}  // namespace
+
 std::optional<MappedRange> MappedRange::map(int fd, uint64_t offset, uint64_t length) {
   if (length == 0 || !install_handler()) return std::nullopt;
-  int slot = -1;
-  for (int s = 0; s < kSlots && slot < 0; ++s)
-    if (slots[s].begin == nullptr) slot = s;
+  const int slot = free_slot();
   if (slot < 0) return std::nullopt;
   const uint64_t aligned = offset / page_bytes * page_bytes;
   const size_t skip = static_cast<size_t>(offset - aligned);
@@ -150,6 +170,7 @@ MappedRange::MappedRange(uint8_t* base, size_t mapped, size_t skip, size_t lengt
                          bool in_arena)
     : base_(base), mapped_(mapped), skip_(skip), length_(length), slot_(slot), in_arena_(in_arena) {
   slots[slot].cut_short = 0;
+  slots[slot].shared_cut_short = nullptr;
   slots[slot].end = base + mapped;
   slots[slot].begin = base;
 }
@@ -173,5 +194,229 @@ MappedRange::~MappedRange() {
 }
 
 bool MappedRange::cut_short() const { return slot_ >= 0 && slots[slot_].cut_short != 0; }
+
+// ---------------------------------------------------------------------------------------------
+// Kept mappings of whole files
+
+MappedFile::~MappedFile() { ::munmap(base_, static_cast<size_t>(size_)); }
+
+std::optional<MappedFileRead> MappedFileRead::begin(std::shared_ptr<MappedFile> file,
+                                                    uint64_t offset, uint64_t length) {
+  const int slot = free_slot();
+  if (slot < 0) return std::nullopt;
+  return MappedFileRead(std::move(file), offset, length, slot);
+}
+
+MappedFileRead::MappedFileRead(std::shared_ptr<MappedFile> file, uint64_t offset, uint64_t length,
+                               int slot)
+    : file_(std::move(file)), offset_(offset), length_(length), slot_(slot) {
+  Slot& entry = slots[slot];
+  entry.cut_short = 0;
+  entry.shared_cut_short = &file_->cut_short_;
+  entry.end = file_->base_ + file_->size_;
+  entry.begin = file_->base_;
+}
+
+MappedFileRead::MappedFileRead(MappedFileRead&& other) noexcept
+    : file_(std::move(other.file_)),
+      offset_(other.offset_),
+      length_(other.length_),
+      slot_(std::exchange(other.slot_, -1)) {}
+
+MappedFileRead::~MappedFileRead() {
+  if (slot_ < 0) return;
+  slots[slot_].begin = slots[slot_].end = nullptr;
+  slots[slot_].shared_cut_short = nullptr;
+}
+
+bool MappedFileRead::cut_short() const {
+  return (slot_ >= 0 && slots[slot_].cut_short != 0) || file_->cut_short();
+}
+
+namespace {
+
+thread_local bool rereading = false;  // in a MappedFiles::RereadScope
+
+constexpr size_t kMaxKeptFiles = 16384;
+constexpr size_t kMaxReadOnce = 4 * kMaxKeptFiles;
+
+uint64_t default_kept_bytes() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), size = ::sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || size <= 0) return uint64_t{8} << 30;
+  return static_cast<uint64_t>(pages) * static_cast<uint64_t>(size) / 2;
+}
+
+// The kept mappings: a list from most to least recently read, and an index by path.
+class KeptMappings {
+ public:
+  static KeptMappings& instance() {
+    static KeptMappings* kept = [] {
+      auto* made = new KeptMappings();  // never destroyed: threads may read at exit
+      // Held across fork(), so that the child never inherits it locked by a thread it lacks.
+      ForkGate::add_fork_handlers([made] { made->mutex_.lock(); },
+                                  [made] { made->mutex_.unlock(); },
+                                  [made] { made->mutex_.unlock(); });
+      return made;
+    }();
+    return *kept;
+  }
+
+  std::shared_ptr<MappedFile> get(const std::string& path, const struct stat& info) {
+    {
+      std::lock_guard lock(mutex_);
+      auto found = index_.find(path);
+      if (found != index_.end()) {
+        const std::shared_ptr<MappedFile>& file = found->second->file;
+        if (file->maps(info) && !file->cut_short()) {
+          order_.splice(order_.begin(), order_, found->second);
+          return file;
+        }
+      }
+      if (static_cast<uint64_t>(info.st_size) > budget_bytes_) return nullptr;
+      // Kept from its second read on: a file read once (a one-pass job: rechunk, convert,
+      // stats) is mapped for that read alone, as before, and leaves nothing behind.
+      if (found == index_.end() && !rereading && read_once_.insert(path).second) {
+        if (read_once_.size() > kMaxReadOnce) read_once_ = {path};  // start afresh
+        return nullptr;
+      }
+    }
+    std::shared_ptr<MappedFile> file = map_file(path);
+    if (!file) return nullptr;
+    std::vector<std::shared_ptr<MappedFile>> dropped;  // unmapped after the lock is let go
+    std::lock_guard lock(mutex_);
+    auto found = index_.find(path);
+    if (found != index_.end()) drop(found->second, dropped);
+    order_.push_front(Entry{path, file});
+    index_.emplace(path, order_.begin());
+    bytes_ += file->size();
+    while (order_.size() > 1 && (bytes_ > budget_bytes_ || order_.size() > budget_files_)) {
+      drop(std::prev(order_.end()), dropped);
+    }
+    return file;
+  }
+
+  void forget(const std::string& path, const MappedFile* file) {
+    std::vector<std::shared_ptr<MappedFile>> dropped;
+    std::lock_guard lock(mutex_);
+    auto found = index_.find(path);
+    if (found != index_.end() && found->second->file.get() == file) drop(found->second, dropped);
+  }
+
+  void open_directory(const std::string& directory) {
+    std::lock_guard lock(mutex_);
+    ++open_directories_[directory];
+  }
+
+  void close_directory(const std::string& directory) {
+    std::vector<std::shared_ptr<MappedFile>> dropped;
+    std::lock_guard lock(mutex_);
+    auto open = open_directories_.find(directory);
+    if (open == open_directories_.end() || --open->second > 0) return;
+    open_directories_.erase(open);
+    const std::string prefix = directory + "/";
+    for (auto entry = order_.begin(); entry != order_.end();) {
+      auto next = std::next(entry);
+      if (entry->path.compare(0, prefix.size(), prefix) == 0) drop(entry, dropped);
+      entry = next;
+    }
+  }
+
+  uint64_t bytes() {
+    std::lock_guard lock(mutex_);
+    return bytes_;
+  }
+  size_t files() {
+    std::lock_guard lock(mutex_);
+    return order_.size();
+  }
+  std::pair<uint64_t, size_t> set_budget(uint64_t bytes, size_t files) {
+    std::vector<std::shared_ptr<MappedFile>> dropped;
+    std::lock_guard lock(mutex_);
+    const std::pair<uint64_t, size_t> before{budget_bytes_, budget_files_};
+    budget_bytes_ = bytes;
+    budget_files_ = files;
+    while (!order_.empty() && (bytes_ > budget_bytes_ || order_.size() > budget_files_)) {
+      drop(std::prev(order_.end()), dropped);
+    }
+    return before;
+  }
+
+ private:
+  struct Entry {
+    std::string path;
+    std::shared_ptr<MappedFile> file;
+  };
+
+  static std::shared_ptr<MappedFile> map_file(const std::string& path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return nullptr;
+    struct stat info {};
+    void* base = MAP_FAILED;
+    if (::fstat(fd, &info) == 0 && S_ISREG(info.st_mode) && info.st_size > 0) {
+      base = ::mmap(nullptr, static_cast<size_t>(info.st_size), PROT_READ, MAP_SHARED, fd, 0);
+    }
+    ::close(fd);  // the mapping keeps the file
+    if (base == MAP_FAILED) return nullptr;
+    return std::make_shared<MappedFile>(
+        static_cast<uint8_t*>(base), static_cast<uint64_t>(info.st_size),
+        static_cast<uint64_t>(info.st_dev), static_cast<uint64_t>(info.st_ino));
+  }
+
+  // Under the lock; the mapping goes when `dropped` does (and its readers are done).
+  void drop(std::list<Entry>::iterator entry, std::vector<std::shared_ptr<MappedFile>>& dropped) {
+    bytes_ -= entry->file->size();
+    dropped.push_back(std::move(entry->file));
+    index_.erase(entry->path);
+    order_.erase(entry);
+  }
+
+  std::mutex mutex_;
+  std::list<Entry> order_;
+  std::unordered_map<std::string, std::list<Entry>::iterator> index_;
+  std::unordered_map<std::string, int> open_directories_;
+  std::unordered_set<std::string> read_once_;  // read since it was last cleared, not kept
+  uint64_t bytes_ = 0;
+  uint64_t budget_bytes_ = default_kept_bytes();
+  size_t budget_files_ = kMaxKeptFiles;
+};
+
+}  // namespace
+
+bool mapped_file_cache_enabled() {
+  static const bool enabled = [] {
+    const char* value = std::getenv("ZFEED_MAP_CACHE");
+    return !(value && std::strcmp(value, "0") == 0);
+  }();
+  return enabled;
+}
+
+std::shared_ptr<MappedFile> MappedFiles::get(const std::string& path, const struct stat& info) {
+  if (!mapped_file_cache_enabled() || !install_handler()) return nullptr;
+  return KeptMappings::instance().get(path, info);
+}
+
+MappedFiles::RereadScope::RereadScope() : outer_(std::exchange(rereading, true)) {}
+
+MappedFiles::RereadScope::~RereadScope() { rereading = outer_; }
+
+void MappedFiles::forget(const std::string& path, const MappedFile* file) {
+  KeptMappings::instance().forget(path, file);
+}
+
+void MappedFiles::open_directory(const std::string& directory) {
+  KeptMappings::instance().open_directory(directory);
+}
+
+void MappedFiles::close_directory(const std::string& directory) {
+  KeptMappings::instance().close_directory(directory);
+}
+
+uint64_t MappedFiles::kept_bytes() { return KeptMappings::instance().bytes(); }
+
+size_t MappedFiles::kept_files() { return KeptMappings::instance().files(); }
+
+std::pair<uint64_t, size_t> MappedFiles::set_budget(uint64_t bytes, size_t files) {
+  return KeptMappings::instance().set_budget(bytes, files);
+}
 
 }  // namespace zfeed
