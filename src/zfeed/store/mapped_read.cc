@@ -32,6 +32,12 @@ struct Slot {
 };
 thread_local Slot slots[kSlots];
 
+int free_slot() {
+  for (int s = 0; s < kSlots; ++s)
+    if (slots[s].begin == nullptr) return s;
+  return -1;
+}
+
 // Where a thread's mappings go: a reserved range of address space (PROT_NONE, no memory behind
 // it) that mappings are placed into one after another. A mapping that is done with stays there,
 // unused, until the range is full; then one call puts the whole range back to PROT_NONE.
@@ -130,16 +136,6 @@ bool mapped_reads_enabled() {
   }();
   return enabled;
 }
-
-namespace {
-
-int free_slot() {
-  for (int s = 0; s < kSlots; ++s)
-    if (slots[s].begin == nullptr) return s;
-  return -1;
-}
-
-}  // namespace
 
 std::optional<MappedRange> MappedRange::map(int fd, uint64_t offset, uint64_t length) {
   if (length == 0 || !install_handler()) return std::nullopt;
