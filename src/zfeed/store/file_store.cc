@@ -57,6 +57,23 @@ class FileDescriptor {
 
 std::string errno_text(int error) { return std::strerror(error); }
 
+// Counts a mapped read (MappedRange or MappedFileRead) as read from storage since `start` and
+// calls `use` with its bytes. False where a page of the file was gone under it (another program
+// shrank the file in place): what `use` made of the bytes is void, whatever it threw.
+template <typename MappedRead>
+bool use_mapped(const MappedRead& read, std::chrono::steady_clock::time_point start,
+                const std::function<void(ByteView)>& use) {
+  IoCounters& counters = thread_io_counters();
+  counters.read_bytes += read.bytes().size();
+  counters.read_ns += elapsed_ns(start);
+  try {
+    use(read.bytes());
+  } catch (...) {
+    if (!read.cut_short()) throw;
+  }
+  return !read.cut_short();
+}
+
 class FileStore final : public Store {
  public:
   FileStore(std::string root, FileStoreOptions options) : options_(options) {
@@ -105,17 +122,8 @@ class FileStore final : public Store {
       const auto start = std::chrono::steady_clock::now();
       std::optional<MappedRange> mapped = MappedRange::map(fd.get(), begin, length);
       if (mapped) {
-        IoCounters& counters = thread_io_counters();
-        counters.read_bytes += length;
-        counters.read_ns += elapsed_ns(start);
-        try {
-          use(mapped->bytes());
-        } catch (...) {
-          if (!mapped->cut_short()) throw;
-        }
-        if (!mapped->cut_short()) return true;
-        // The file shrank while it was mapped (rewritten in place by another program): what
-        // `use` made of it is void. Read the value again as it is now.
+        if (use_mapped(*mapped, start, use)) return true;
+        // The file shrank while it was mapped: read the value again as it is now.
         mapped.reset();
         fd.reset(-1);
         return Store::with_bytes(key, range, use);
@@ -147,17 +155,9 @@ class FileStore final : public Store {
     auto [begin, length] = range.resolve(file->size(), where(key));
     std::optional<MappedFileRead> read = MappedFileRead::begin(file, begin, length);
     if (!read) return std::nullopt;
-    IoCounters& counters = thread_io_counters();
-    counters.read_bytes += length;
-    counters.read_ns += elapsed_ns(start);
-    try {
-      use(read->bytes());
-    } catch (...) {
-      if (!read->cut_short()) throw;
-    }
-    if (!read->cut_short()) return true;
-    // The file shrank while it was read (rewritten in place by another program): what `use`
-    // made of it is void, and the mapping is no longer the file's. Read the value as it is now.
+    if (use_mapped(*read, start, use)) return true;
+    // The file shrank while it was read, and the mapping is no longer the file's: read the value
+    // again as it is now.
     read.reset();
     MappedFiles::forget(path, file.get());
     return Store::with_bytes(key, range, use);

@@ -32,6 +32,12 @@ struct Slot {
 };
 thread_local Slot slots[kSlots];
 
+// Whether the environment variable `name` is "0" (a switch turned off; anything else leaves it on).
+bool turned_off(const char* name) {
+  const char* value = std::getenv(name);
+  return value && std::strcmp(value, "0") == 0;
+}
+
 int free_slot() {
   for (int s = 0; s < kSlots; ++s)
     if (slots[s].begin == nullptr) return s;
@@ -130,10 +136,7 @@ bool install_handler() {
 }  // namespace
 
 bool mapped_reads_enabled() {
-  static const bool enabled = [] {
-    const char* value = std::getenv("ZFEED_MMAP");
-    return !(value && std::strcmp(value, "0") == 0);
-  }();
+  static const bool enabled = !turned_off("ZFEED_MMAP");
   return enabled;
 }
 
@@ -379,10 +382,7 @@ class KeptMappings {
 }  // namespace
 
 bool mapped_file_cache_enabled() {
-  static const bool enabled = [] {
-    const char* value = std::getenv("ZFEED_MAP_CACHE");
-    return !(value && std::strcmp(value, "0") == 0);
-  }();
+  static const bool enabled = !turned_off("ZFEED_MAP_CACHE");
   return enabled;
 }
 
