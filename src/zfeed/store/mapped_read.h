@@ -1,20 +1,19 @@
-// Reading a local file by mapping it instead of copying it: the decoder then reads the page
-// cache's pages in place, which saves the copy of a pread (about a tenth of the time it takes to
-// read and decode a zstd chunk). Whole files are mapped once and the mappings kept between reads
+// Reading a local file by mapping it instead of copying it: the decoder then reads the page cache's
+// pages in place, which saves the copy of a pread (about a tenth of the time it takes to read and
+// decode a zstd chunk). Whole files are mapped once and the mappings kept between reads
 // (MappedFiles, from the second read of a file on): reading a chunk again (the next epoch, the
-// target that was an input) then costs
-// a stat, not an open, an mmap, the page faults and the unmapping (together 13% of the loader's
-// time on 2 cores). A mapping has one hazard a read does not: where another program shrinks the
-// file in place while it is mapped (zarr-python's local store rewrites files in place), touching
-// a page past the new end raises SIGBUS and would kill the process. zfeed's SIGBUS handler
-// catches that for the mappings the faulting thread is reading: it puts a page of zeros where
-// the missing page was, marks the mapping as cut short, and lets the reader go on; the reader
-// then throws its result away and reads the file again (FileStore::with_bytes). A SIGBUS
-// elsewhere goes to the handler that was there before zfeed's. Where mappings are not kept
-// (ZFEED_MAP_CACHE=0, or a file larger than the budget), a thread's mappings of up to half of
-// kMappedReadArenaBytes are placed one after another in a range of that size it reserves, and
-// unmapped together when it is full (one TLB flush across the cores for many chunks, not one per
-// chunk).
+// target that was an input) then costs a stat, not an open, an mmap, the page faults and the
+// unmapping (together 13% of the loader's time on 2 cores). A mapping has one hazard a read does
+// not: where another program shrinks the file in place while it is mapped (zarr-python's local
+// store rewrites files in place), touching a page past the new end raises SIGBUS and would kill the
+// process. zfeed's SIGBUS handler catches that for the mappings the faulting thread is reading: it
+// puts a page of zeros where the missing page was, marks the mapping as cut short, and lets the
+// reader go on; the reader then throws its result away and reads the file again
+// (FileStore::with_bytes). A SIGBUS elsewhere goes to the handler that was there before zfeed's.
+// Where mappings are not kept (ZFEED_MAP_CACHE=0, or a file larger than the budget), a thread's
+// mappings of up to half of kMappedReadArenaBytes are placed one after another in a range of that
+// size it reserves, and unmapped together when it is full (one TLB flush across the cores for many
+// chunks, not one per chunk).
 #pragma once
 
 #include <sys/stat.h>
@@ -120,13 +119,13 @@ class MappedFileRead {
 
 // The process's kept mappings of whole files, by path, from a file's second read on (a file read
 // once, as one-pass jobs like rechunk read, is mapped for that read alone and leaves nothing
-// behind), or its first in a RereadScope; least recently read dropped first beyond
-// a budget: half the machine's memory in mapped file sizes (more than that would not stay in
-// the page cache anyway) and 16384 files (well under Linux's default of 65530 mappings a
-// process). The pages are the page cache's: keeping them mapped holds page tables (2 MB per GB
-// read), not memory of zfeed's, though the resident size counts them (RssFile), and the kernel
-// still reclaims them as it would the cache. A mapping of a file that was since replaced (a new
-// inode) or resized is not used: the next read maps the file as it is now.
+// behind), or its first in a RereadScope; least recently read dropped first beyond a budget: half
+// the machine's memory in mapped file sizes (more than that would not stay in the page cache
+// anyway) and 16384 files (well under Linux's default of 65530 mappings a process). The pages are
+// the page cache's: keeping them mapped holds page tables (2 MB per GB read), not memory of
+// zfeed's, though the resident size counts them (RssFile), and the kernel still reclaims them as it
+// would the cache. A mapping of a file that was since replaced (a new inode) or resized is not
+// used: the next read maps the file as it is now.
 class MappedFiles {
  public:
   // The kept mapping of the file at `path` that `info` (its stat) describes, mapping it now
