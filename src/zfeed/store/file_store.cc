@@ -100,9 +100,9 @@ class FileStore final : public Store {
 
   bool get_into(std::string_view key, ByteRange range, Bytes& out) const override {
     FileDescriptor fd(-1);
-    uint64_t size = 0;
-    if (!open_value(key, fd, size)) return false;
-    auto [begin, length] = range.resolve(size, where(key));
+    struct stat info {};
+    if (!open_value(key, fd, info)) return false;
+    auto [begin, length] = range.resolve(static_cast<uint64_t>(info.st_size), where(key));
     out.resize(length);
     read_fully(fd.get(), out.mutable_view(), begin, key);
     return true;
@@ -110,16 +110,31 @@ class FileStore final : public Store {
 
   bool with_bytes(std::string_view key, ByteRange range,
                   const std::function<void(ByteView)>& use) const override {
-    if (mapped_reads_enabled() && mapped_file_cache_enabled()) {
-      std::optional<bool> done = with_kept_mapping(key, range, use);
-      if (done) return *done;
+    check_key(key);
+    const auto start = std::chrono::steady_clock::now();
+    const bool keeping = mapped_reads_enabled() && mapped_file_cache_enabled();
+    const std::string path = keeping ? path_of(key) : std::string();
+    // A file read before through a mapping kept since: a stat says whether it is still the file.
+    if (std::shared_ptr<MappedFile> file = keeping ? MappedFiles::kept(path) : nullptr) {
+      struct stat info {};
+      if (!stat_value(key, path, info)) return false;
+      if (file->maps(info)) {
+        std::optional<bool> done = read_kept(key, path, std::move(file), range, start, use);
+        if (done) return *done;
+      }
     }
     FileDescriptor fd(-1);
-    uint64_t size = 0;
-    if (!open_value(key, fd, size)) return false;
+    struct stat info {};
+    if (!open_value(key, fd, info)) return false;
+    const auto size = static_cast<uint64_t>(info.st_size);
+    if (keeping && size >= kMapBytes) {
+      if (std::shared_ptr<MappedFile> file = MappedFiles::keep(path, fd.get(), info)) {
+        std::optional<bool> done = read_kept(key, path, std::move(file), range, start, use);
+        if (done) return *done;
+      }
+    }
     auto [begin, length] = range.resolve(size, where(key));
     if (length >= kMapBytes && mapped_reads_enabled()) {
-      const auto start = std::chrono::steady_clock::now();
       std::optional<MappedRange> mapped = MappedRange::map(fd.get(), begin, length);
       if (mapped) {
         if (use_mapped(*mapped, start, use)) return true;
@@ -135,39 +150,30 @@ class FileStore final : public Store {
     return true;
   }
 
-  // with_bytes through the file's kept mapping (store/mapped_read.h): nullopt where the value
-  // is small or the file cannot be kept mapped (read it the other ways then).
-  std::optional<bool> with_kept_mapping(std::string_view key, ByteRange range,
-                                        const std::function<void(ByteView)>& use) const {
-    check_key(key);
-    const auto start = std::chrono::steady_clock::now();
-    const std::string path = path_of(key);
-    struct stat info {};
-    if (::stat(path.c_str(), &info) != 0) {
-      if (errno == ENOENT || errno == ENOTDIR) return false;
-      throw Error(where(key) + ": stat failed: " + errno_text(errno));
-    }
-    if (S_ISDIR(info.st_mode)) return false;
-    if (static_cast<uint64_t>(info.st_size) < kMapBytes) return std::nullopt;
-    std::shared_ptr<MappedFile> file = MappedFiles::get(path, info);
-    if (!file) return std::nullopt;
-    // The file may have been replaced since the stat: its mapping's size is the one that holds.
+  // with_bytes through a kept mapping of the file (store/mapped_read.h): nullopt where the
+  // thread cannot read through one more mapping (read the file the other ways then).
+  std::optional<bool> read_kept(std::string_view key, const std::string& path,
+                                std::shared_ptr<MappedFile> file, ByteRange range,
+                                std::chrono::steady_clock::time_point start,
+                                const std::function<void(ByteView)>& use) const {
+    const MappedFile* mapped = file.get();
     auto [begin, length] = range.resolve(file->size(), where(key));
-    std::optional<MappedFileRead> read = MappedFileRead::begin(file, begin, length);
+    std::optional<MappedFileRead> read = MappedFileRead::begin(std::move(file), begin, length);
     if (!read) return std::nullopt;
     if (use_mapped(*read, start, use)) return true;
     // The file shrank while it was read, and the mapping is no longer the file's: read the value
     // again as it is now.
     read.reset();
-    MappedFiles::forget(path, file.get());
+    MappedFiles::forget(path, mapped);
     return Store::with_bytes(key, range, use);
   }
 
   bool read_range_into(std::string_view key, uint64_t offset, MutableByteView out,
                        std::optional<uint64_t> expected_size) const override {
     FileDescriptor fd(-1);
-    uint64_t size = 0;
-    if (!open_value(key, fd, size)) return false;
+    struct stat info {};
+    if (!open_value(key, fd, info)) return false;
+    const auto size = static_cast<uint64_t>(info.st_size);
     if (expected_size) check_size(key, size, *expected_size);
     ByteRange::range(offset, out.size()).resolve(size, where(key));
     read_fully(fd.get(), out, offset, key);
@@ -182,11 +188,7 @@ class FileStore final : public Store {
   std::optional<uint64_t> size(std::string_view key) const override {
     check_key(key);
     struct stat info {};
-    if (::stat(path_of(key).c_str(), &info) != 0) {
-      if (errno == ENOENT || errno == ENOTDIR) return std::nullopt;
-      throw Error(where(key) + ": stat failed: " + errno_text(errno));
-    }
-    if (S_ISDIR(info.st_mode)) return std::nullopt;
+    if (!stat_value(key, path_of(key), info)) return std::nullopt;
     return static_cast<uint64_t>(info.st_size);
   }
 
@@ -294,21 +296,27 @@ class FileStore final : public Store {
     return mask;
   }
 
-  // Opens `key`'s file for reading into `fd` and gives its size: false where there is no file
-  // (or a directory) there.
-  bool open_value(std::string_view key, FileDescriptor& fd, uint64_t& size) const {
+  // Stats `key`'s file (at `path`) into `info`: false where there is no file (or a directory).
+  bool stat_value(std::string_view key, const std::string& path, struct stat& info) const {
+    if (::stat(path.c_str(), &info) != 0) {
+      if (errno == ENOENT || errno == ENOTDIR) return false;
+      throw Error(where(key) + ": stat failed: " + errno_text(errno));
+    }
+    return !S_ISDIR(info.st_mode);
+  }
+
+  // Opens `key`'s file for reading into `fd` and gives its fstat in `info`: false where there is
+  // no file (or a directory) there.
+  bool open_value(std::string_view key, FileDescriptor& fd, struct stat& info) const {
     check_key(key);
     fd.reset(::open(path_of(key).c_str(), O_RDONLY | O_CLOEXEC));
     if (fd.get() < 0) {
       if (errno == ENOENT || errno == ENOTDIR) return false;
       throw Error(where(key) + ": cannot open: " + errno_text(errno));
     }
-    struct stat info {};
     if (::fstat(fd.get(), &info) != 0)
       throw Error(where(key) + ": stat failed: " + errno_text(errno));
-    if (S_ISDIR(info.st_mode)) return false;
-    size = static_cast<uint64_t>(info.st_size);
-    return true;
+    return !S_ISDIR(info.st_mode);
   }
 
   void read_fully(int fd, MutableByteView out, uint64_t offset, std::string_view key) const {

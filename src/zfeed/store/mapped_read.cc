@@ -1,6 +1,5 @@
 #include "zfeed/store/mapped_read.h"
 
-#include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -260,26 +259,26 @@ class KeptMappings {
     return *kept;
   }
 
-  std::shared_ptr<MappedFile> get(const std::string& path, const struct stat& info) {
+  std::shared_ptr<MappedFile> kept(const std::string& path) {
+    std::lock_guard lock(mutex_);
+    auto found = index_.find(path);
+    if (found == index_.end() || found->second->file->cut_short()) return nullptr;
+    order_.splice(order_.begin(), order_, found->second);
+    return found->second->file;
+  }
+
+  std::shared_ptr<MappedFile> keep(const std::string& path, int fd, const struct stat& info) {
     {
       std::lock_guard lock(mutex_);
-      auto found = index_.find(path);
-      if (found != index_.end()) {
-        const std::shared_ptr<MappedFile>& file = found->second->file;
-        if (file->maps(info) && !file->cut_short()) {
-          order_.splice(order_.begin(), order_, found->second);
-          return file;
-        }
-      }
       if (static_cast<uint64_t>(info.st_size) > budget_bytes_) return nullptr;
       // Kept from its second read on: a file read once (a one-pass job: rechunk, convert,
       // stats) is mapped for that read alone, as before, and leaves nothing behind.
-      if (found == index_.end() && !rereading && read_once_.insert(path).second) {
+      if (!index_.contains(path) && !rereading && read_once_.insert(path).second) {
         if (read_once_.size() > kMaxReadOnce) read_once_ = {path};  // start afresh
         return nullptr;
       }
     }
-    std::shared_ptr<MappedFile> file = map_file(path);
+    std::shared_ptr<MappedFile> file = map_file(fd, info);
     if (!file) return nullptr;
     std::vector<std::shared_ptr<MappedFile>> dropped;  // unmapped after the lock is let go
     std::lock_guard lock(mutex_);
@@ -346,15 +345,9 @@ class KeptMappings {
     std::shared_ptr<MappedFile> file;
   };
 
-  static std::shared_ptr<MappedFile> map_file(const std::string& path) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return nullptr;
-    struct stat info {};
-    void* base = MAP_FAILED;
-    if (::fstat(fd, &info) == 0 && S_ISREG(info.st_mode) && info.st_size > 0) {
-      base = ::mmap(nullptr, static_cast<size_t>(info.st_size), PROT_READ, MAP_SHARED, fd, 0);
-    }
-    ::close(fd);  // the mapping keeps the file
+  static std::shared_ptr<MappedFile> map_file(int fd, const struct stat& info) {
+    if (!S_ISREG(info.st_mode) || info.st_size <= 0) return nullptr;
+    void* base = ::mmap(nullptr, static_cast<size_t>(info.st_size), PROT_READ, MAP_SHARED, fd, 0);
     if (base == MAP_FAILED) return nullptr;
     return std::make_shared<MappedFile>(
         static_cast<uint8_t*>(base), static_cast<uint64_t>(info.st_size),
@@ -386,9 +379,14 @@ bool mapped_file_cache_enabled() {
   return enabled;
 }
 
-std::shared_ptr<MappedFile> MappedFiles::get(const std::string& path, const struct stat& info) {
+std::shared_ptr<MappedFile> MappedFiles::kept(const std::string& path) {
+  return KeptMappings::instance().kept(path);
+}
+
+std::shared_ptr<MappedFile> MappedFiles::keep(const std::string& path, int fd,
+                                              const struct stat& info) {
   if (!mapped_file_cache_enabled() || !install_handler()) return nullptr;
-  return KeptMappings::instance().get(path, info);
+  return KeptMappings::instance().keep(path, fd, info);
 }
 
 MappedFiles::RereadScope::RereadScope() : outer_(std::exchange(rereading, true)) {}

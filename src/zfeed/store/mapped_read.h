@@ -128,11 +128,14 @@ class MappedFileRead {
 // used: the next read maps the file as it is now.
 class MappedFiles {
  public:
-  // The kept mapping of the file at `path` that `info` (its stat) describes, mapping it now
-  // where none is kept; nullptr where none can be had (keeping is off, the file is larger than
-  // the budget, it is gone, or mmap fails): read the file then. The mapping may be of a newer
-  // file than `info` if the file was replaced in between: take its size from it.
-  static std::shared_ptr<MappedFile> get(const std::string& path, const struct stat& info);
+  // The kept mapping of the file at `path`, nullptr where none is (no system call: a read looks
+  // here first, then checks with a stat that the mapping still maps the file, MappedFile::maps).
+  static std::shared_ptr<MappedFile> kept(const std::string& path);
+  // After a read opened the file at `path` (`fd`, and `info` its fstat): a mapping of it, kept,
+  // where this is its second read or the thread is in a RereadScope; nullptr where it is read
+  // once (map it for this read alone then), or keeping is off, the file is larger than the
+  // budget, or mmap fails.
+  static std::shared_ptr<MappedFile> keep(const std::string& path, int fd, const struct stat& info);
   // In its scope, the thread's reads are of files it will read again (a loader's, every epoch):
   // their mappings are kept from the first read on.
   class RereadScope {
