@@ -87,8 +87,10 @@ def test_getitem_out_of_bounds(stored, index):
 def test_unsupported_index_kinds(stored):
     path, _ = stored
     arr = zfeed.open(path)
-    with pytest.raises(IndexError):
-        arr[[1, 2]]
+    with pytest.raises(IndexError, match="unsupported index 1.5"):
+        arr[1.5]
+    with pytest.raises(IndexError, match="unsupported index 'x'"):
+        arr[0, "x"]
     with pytest.raises(IndexError):
         arr[None]
     with pytest.raises(IndexError):

@@ -149,7 +149,7 @@ SELECTIONS = [
     {"time": slice(1, 9, 3)},
     {"time": slice(None, None, -2), "lon": slice(6, 0, -3)},
     {"lat": slice(1, 4), "lon": slice(None, None, 2)},
-    {"lon": [0, 3, 4, 6]},  # outer: xarray reads the bounding slice and picks
+    {"lon": [0, 3, 4, 6]},  # outer: zfeed reads those columns' chunks only
     {"time": [7, 2, 5], "lat": [4, 0]},
     {"time": xr.DataArray([1, 4, 8], dims="points"), "lon": xr.DataArray([0, 2, 6], dims="points")},  # vectorized
     {"time": slice(4, 4)},  # empty
@@ -211,6 +211,16 @@ def test_opening_is_lazy(cf_store, monkeypatch):
     (key,) = counter.of("t2m")
     shape = ds["t2m"].shape
     assert [range(*k.indices(n)) for k, n in zip(key, shape)] == [range(2, 8, 2), range(5), range(1, 5)]
+
+
+def test_outer_selections_read_only_the_listed_indices(cf_store, monkeypatch):
+    path, _ = cf_store
+    counter = _CountingReads(monkeypatch)
+    got = _zfeed(path)["t2m"].isel(time=[7, 0, 7], lon=[5, 1]).values
+    # One read of the distinct time steps and columns, not of the slices spanning them.
+    (key,) = counter.of("t2m")
+    assert [list(np.atleast_1d(k)) if not isinstance(k, slice) else k for k in key] == [[0, 7], slice(None), [1, 5]]
+    np.testing.assert_array_equal(got, _zarr(path)["t2m"].isel(time=[7, 0, 7], lon=[5, 1]).values)
 
 
 def test_values_are_read_when_used_not_when_opened(tmp_path):

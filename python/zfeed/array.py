@@ -10,7 +10,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from . import _core
+from . import _core, _selection
 from ._core import ZarrError
 
 try:  # bfloat16 has no NumPy dtype of its own; ml_dtypes (a tensorstore and jax dependency) has one.
@@ -83,19 +83,7 @@ class _Index:
     which dimensions are dropped (integers) and which are reversed (negative steps)."""
 
     def __init__(self, key, shape: Sequence[int]):
-        if not isinstance(key, tuple):
-            key = (key,)
-        if any(k is None for k in key):
-            raise IndexError("zfeed arrays do not support np.newaxis in an index")
-        if sum(k is Ellipsis for k in key) > 1:
-            raise IndexError("an index can only have a single ellipsis ('...')")
-        if Ellipsis in [k for k in key if k is Ellipsis]:
-            i = next(i for i, k in enumerate(key) if k is Ellipsis)
-            fill = len(shape) - (len(key) - 1)
-            key = key[:i] + (slice(None),) * fill + key[i + 1 :]
-        if len(key) > len(shape):
-            raise IndexError(f"too many indices: array is {len(shape)}-dimensional, but {len(key)} were indexed")
-        key = key + (slice(None),) * (len(shape) - len(key))
+        key = _selection.expand(key, len(shape))
         self.starts, self.stops, self.steps = [], [], []
         self.dropped, self.reversed = [], []
         for dim, (k, n) in enumerate(zip(key, shape)):
@@ -127,9 +115,15 @@ class _Index:
                         self.stops.append(0)
                     self.steps.append(-step)
                     self.reversed.append(dim)
+            elif _selection.is_array_index(k):
+                raise IndexError(
+                    f"index arrays (axis {dim}) select through arr[...], arr.oindex[...] and arr.vindex[...]; "
+                    "read(out=) and read_many take integers, slices (with steps) and '...'"
+                )
             else:
                 raise IndexError(
-                    f"unsupported index {k!r} for axis {dim}: zfeed takes integers, slices (with steps) and '...'"
+                    f"unsupported index {k!r} for axis {dim}: zfeed takes integers, slices (with steps), '...' "
+                    "and integer or boolean arrays"
                 )
         self.counts = [len(range(a, b, s)) for a, b, s in zip(self.starts, self.stops, self.steps)]
         self.result_shape = tuple(c for d, c in enumerate(self.counts) if d not in self.dropped)
@@ -242,7 +236,17 @@ class Array:
 
     # -- data -----------------------------------------------------------------------------------
     def __getitem__(self, key) -> np.ndarray:
-        index = _Index(key, self.shape)
+        """NumPy indexing: integers, slices (any step), '...', and integer or boolean arrays with
+        NumPy's meaning (one array selects along its axis, arrays on every axis select points, a
+        boolean mask of the array's shape selects its True elements). Arrays read chunk by chunk:
+        only chunks holding a selected element are read, each once."""
+        expanded = _selection.expand(key, self.ndim)
+        if any(_selection.is_array_index(k) for k in expanded):
+            if _selection.numpy_kind(expanded, self.shape) == "orthogonal":
+                selection = _selection.Orthogonal(expanded, self.shape, self.chunks, flat_only=False)
+                return _numpy_layout(selection, _selection.read_orthogonal(self, selection))
+            return _selection.read_points(self, _selection.Points(expanded, self.shape, self.chunks))
+        index = _Index(expanded, self.shape)
         out = np.empty(index.counts, dtype=self._dtype)
         if out.size:
             self._core.read(index.starts, index.stops, index.steps, _raw(out))
@@ -299,13 +303,15 @@ class Array:
         return out.reshape(index.counts)
 
     def __setitem__(self, key, value) -> None:
-        index = _Index(key, self.shape)
-        values = np.asarray(value)
-        if values.dtype != self._dtype:
-            # Within one kind (and between signed and unsigned integers: arr[...] = 1 on uint8) cast as
-            # NumPy assignment does; across kinds (float into int) only where NumPy calls it safe.
-            same_kind = values.dtype.kind == self._dtype.kind or (values.dtype.kind + self._dtype.kind) in ("iu", "ui")
-            values = values.astype(self._dtype, casting="unsafe" if same_kind else "same_kind")
+        expanded = _selection.expand(key, self.ndim)
+        if any(_selection.is_array_index(k) for k in expanded):
+            values = self._cast_for_write(value)
+            if _selection.numpy_kind(expanded, self.shape) == "orthogonal":
+                selection = _selection.Orthogonal(expanded, self.shape, self.chunks, flat_only=False)
+                return _selection.write_orthogonal(self, selection, _from_numpy_layout(selection, values))
+            return _selection.write_points(self, _selection.Points(expanded, self.shape, self.chunks), values)
+        index = _Index(expanded, self.shape)
+        values = self._cast_for_write(value)
         values = np.broadcast_to(values, index.result_shape).reshape(index.counts)
         if index.reversed:
             values = np.flip(values, axis=index.reversed)
@@ -313,9 +319,130 @@ class Array:
         if values.size:
             self._core.write(index.starts, index.stops, index.steps, _raw(values))
 
+    def _cast_for_write(self, value) -> np.ndarray:
+        values = np.asarray(value)
+        if values.dtype != self._dtype:
+            # Within one kind (and between signed and unsigned integers: arr[...] = 1 on uint8) cast as
+            # NumPy assignment does; across kinds (float into int) only where NumPy calls it safe.
+            same_kind = values.dtype.kind == self._dtype.kind or (values.dtype.kind + self._dtype.kind) in ("iu", "ui")
+            values = values.astype(self._dtype, casting="unsafe" if same_kind else "same_kind")
+        return values
+
+    @property
+    def oindex(self) -> "_OrthogonalIndexer":
+        """Orthogonal selection, as zarr-python's: per axis an integer, a slice, or a 1-D integer
+        array or boolean mask, each axis selected on its own (``arr.oindex[[0, 9], :, [2, 3]]``
+        has shape (2, n1, 2)). Reads and writes."""
+        return _OrthogonalIndexer(self)
+
+    @property
+    def vindex(self) -> "_PointsIndexer":
+        """Points selection, as zarr-python's: integer arrays for every axis broadcast together,
+        one element per point (``arr.vindex[[0, 9], [2, 3]]`` has shape (2,)), or a boolean mask of
+        the array's shape. Reads and writes."""
+        return _PointsIndexer(self)
+
     def __array__(self, dtype=None, copy=None):
         data = self[...]
         return data if dtype is None else data.astype(dtype)
+
+
+class _OrthogonalIndexer:
+    __slots__ = ("_array",)
+
+    def __init__(self, array: Array):
+        self._array = array
+
+    def _selection(self, key) -> _selection.Orthogonal:
+        a = self._array
+        return _selection.Orthogonal(_selection.expand(key, a.ndim), a.shape, a.chunks)
+
+    def __getitem__(self, key) -> np.ndarray:
+        selection = self._selection(key)
+        values = _selection.read_orthogonal(self._array, selection)
+        result = values.reshape([c for d, c in enumerate(values.shape) if d not in selection.dropped])
+        return result[()] if result.ndim == 0 else result
+
+    def __setitem__(self, key, value) -> None:
+        selection = self._selection(key)
+        values = self._array._cast_for_write(value)
+        shape = [c for d, c in enumerate(selection.counts) if d not in selection.dropped]
+        _selection.write_orthogonal(self._array, selection, np.broadcast_to(values, shape).reshape(selection.counts))
+
+
+class _PointsIndexer:
+    __slots__ = ("_array",)
+
+    def __init__(self, array: Array):
+        self._array = array
+
+    def _selection(self, key) -> _selection.Points:
+        a = self._array
+        key = key if isinstance(key, tuple) else (key,)
+        if any(k is Ellipsis or k is None for k in key):
+            raise IndexError("vindex takes an integer array for every axis, or a boolean mask of the array's shape")
+        return _selection.Points(tuple(_selection.scalar_index(k) for k in key), a.shape, a.chunks)
+
+    def __getitem__(self, key) -> np.ndarray:
+        if not _has_index_array(key):
+            return self._array[key]
+        return _selection.read_points(self._array, self._selection(key))
+
+    def __setitem__(self, key, value) -> None:
+        if not _has_index_array(key):
+            self._array[key] = value
+            return
+        _selection.write_points(self._array, self._selection(key), self._array._cast_for_write(value))
+
+
+def _has_index_array(key) -> bool:
+    return any(_selection.is_array_index(k) for k in (key if isinstance(key, tuple) else (key,)))
+
+
+def _numpy_layout(selection: _selection.Orthogonal, values: np.ndarray) -> np.ndarray:
+    """An orthogonal read with one index array (values in `counts` order) as NumPy lays it out:
+    integer axes dropped, the array's own shape in place of its axis, and that moved to the front
+    where integers and the array are not side by side (NumPy treats integers beside an array as
+    indices broadcast with it)."""
+    (axis,) = selection.arrays
+    shape: list[int] = []
+    for d, count in enumerate(values.shape):
+        if d == axis:
+            shape.extend(selection.array_shapes[axis])
+        elif d not in selection.dropped:
+            shape.append(count)
+    values = values.reshape(shape)
+    moved = _moved_axes(selection)
+    if moved:
+        values = np.moveaxis(values, moved[0], moved[1])
+    return values[()] if values.ndim == 0 else values
+
+
+def _from_numpy_layout(selection: _selection.Orthogonal, values: np.ndarray) -> np.ndarray:
+    """Values to write, broadcast to NumPy's layout of the selection, in `counts` order."""
+    (axis,) = selection.arrays
+    shape: list[int] = []
+    for d, count in enumerate(selection.counts):
+        if d == axis:
+            shape.extend(selection.array_shapes[axis])
+        elif d not in selection.dropped:
+            shape.append(count)
+    moved = _moved_axes(selection)
+    if moved:
+        moved_shape = np.moveaxis(np.empty(shape, dtype=np.bool_), moved[0], moved[1]).shape
+        values = np.moveaxis(np.broadcast_to(values, moved_shape), moved[1], moved[0])
+    return np.broadcast_to(values, shape).reshape(selection.counts)
+
+
+def _moved_axes(selection: _selection.Orthogonal) -> tuple[list[int], list[int]] | None:
+    """(from, to) of the index array's axes where NumPy moves them to the front, else None."""
+    (axis,) = selection.arrays
+    advanced = sorted(selection.dropped + [axis])
+    if advanced == list(range(advanced[0], advanced[-1] + 1)):
+        return None
+    position = sum(1 for d in range(axis) if d not in selection.dropped)
+    count = len(selection.array_shapes[axis])
+    return list(range(position, position + count)), list(range(count))
 
 
 def _raw(buffer: np.ndarray) -> np.ndarray:

@@ -38,10 +38,11 @@ __all__ = ["ZfeedBackendArray", "ZfeedBackendEntrypoint", "ZfeedDataStore"]
 
 
 class ZfeedBackendArray(BackendArray):
-    """One zfeed array as xarray sees it: shape, dtype, and reads of basic (integer and slice,
-    with steps) selections. xarray turns outer and vectorized selections into a basic read of the
-    bounding box plus NumPy indexing. Reads release the GIL and are safe from several threads at
-    once (dask's threaded scheduler): each read decodes on zfeed's shared pool."""
+    """One zfeed array as xarray sees it: shape, dtype, and reads of outer selections (per axis
+    an integer, a slice with any step, or an array of indices: ``isel(time=[0, 500, 9000])`` reads
+    the chunks of those three steps only). xarray turns vectorized selections into an outer read
+    plus NumPy indexing. Reads release the GIL and are safe from several threads at once (dask's
+    threaded scheduler): each read decodes on zfeed's shared pool."""
 
     __slots__ = ("_array", "dtype", "shape")
 
@@ -54,10 +55,10 @@ class ZfeedBackendArray(BackendArray):
         return self._array
 
     def __getitem__(self, key: indexing.ExplicitIndexer) -> np.ndarray:
-        return indexing.explicit_indexing_adapter(key, self.shape, indexing.IndexingSupport.BASIC, self._read)
+        return indexing.explicit_indexing_adapter(key, self.shape, indexing.IndexingSupport.OUTER, self._read)
 
     def _read(self, key: tuple) -> np.ndarray:
-        return np.asarray(self._array[key])
+        return np.asarray(self._array.oindex[key])
 
 
 def _decode_v3_fill_attr(value: Any, dtype: np.dtype) -> Any:
