@@ -3,6 +3,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <string>
 
 #include "zfeed/util/error.h"
@@ -13,6 +14,13 @@ inline void check(cudaError_t error, const char* what) {
   if (error != cudaSuccess)
     throw Error(std::string("cuda: ") + what + ": " + cudaGetErrorName(error) + ": " +
                 cudaGetErrorString(error));
+}
+
+// Fills device memory and waits for it: cudaMemset runs on the legacy default stream, which does
+// not order work on the non-blocking streams zfeed launches on.
+inline void fill_device(void* pointer, int value, size_t bytes) {
+  check(cudaMemset(pointer, value, bytes), "memset");
+  check(cudaDeviceSynchronize(), "memset");
 }
 
 }  // namespace zfeed::cuda

@@ -142,6 +142,11 @@ DeviceLoader::DeviceLoader(loader::LoaderSpec spec, DeviceLoaderOptions options)
     if (!host_->set_pass_compressed(decode == "gpu")) {
       stats_.decode_reason = "no array's chunks decode on the GPU in one nvCOMP step: " +
                              host_->pass_compressed_reason();
+      // And what each array's codecs say (blosclz, a transpose...), where they say no.
+      for (size_t a = 0; a < host_->num_arrays(); ++a) {
+        const GpuDecodePlan plan = gpu_decode_plan(host_->array(a));
+        if (!plan.gpu) stats_.decode_reason += "; " + host_->array(a).path() + ": " + plan.reason;
+      }
     } else {
       for (auto& decoder : decoders_) decoder = std::make_unique<GpuDecoder>();
       for (size_t a = 0; a < host_->num_arrays(); ++a)

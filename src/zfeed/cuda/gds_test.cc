@@ -197,7 +197,7 @@ void expect_read(DeviceFileReader& reader, const std::string& path, uint64_t off
                  DeviceBuffer& device, size_t at, cudaStream_t stream = nullptr, uint8_t salt = 0) {
   SCOPED_TRACE("offset " + std::to_string(offset) + " size " + std::to_string(size) +
                " device offset " + std::to_string(at));
-  check(cudaMemset(device.data(), 0xEE, device.size()), "memset");
+  fill_device(device.data(), 0xEE, device.size());
   reader.read(path, offset, size, device.data() + at, stream);
   std::vector<uint8_t> back(size + 2);
   check(cudaMemcpy(back.data(), device.data() + at - 1, size + 2, cudaMemcpyDeviceToHost),

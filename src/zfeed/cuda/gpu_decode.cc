@@ -559,9 +559,11 @@ struct GpuDecoder::Impl {
   void prepare(std::span<const GpuDecodeItem> items, cudaStream_t s) {
     if (pending) throw Error("GpuDecoder: prepare() before finish() of the previous batch");
     prepared = false;
+    // The device holds the last batch no more: split() frees and refills what relaunch() would
+    // read, and may throw half way.
+    launched = false;
     split(items);
     if (parts.empty() && stored.empty()) return;
-    launched = false;  // the device holds the last batch no more
     if (!have_alignments) {
       for (int f = 0; f < kFamilies; ++f)
         alignments[f] = family_options.alignments(static_cast<Family>(f));
@@ -690,7 +692,29 @@ struct GpuDecoder::Impl {
   void submit() {
     if (!prepared) return;  // nothing to decode
     prepared = false;
-    const cudaStream_t s = stream;
+    try {
+      enqueue(stream);
+    } catch (...) {
+      // Whatever was enqueued finishes before the staging buffer can be refilled by the next
+      // prepare(), and nothing half launched is launched again.
+      cudaStreamSynchronize(stream);
+      pending = launched = false;
+      throw;
+    }
+    ++stats.batches;
+    stats.items += batch_items;
+    stats.blosc_items += batch_blosc_items;
+    stats.nvcomp_inputs += layout.n;
+    stats.byte_gathers += layout.g;
+    stats.compressed_bytes += payload_bytes;
+    stats.decoded_bytes += batch_decoded_bytes;
+    stats.bounced_items += bounces.size();
+    stats.device_checked_items += layout.m;
+    stats.realigned_items += realigns.size();
+  }
+
+  // submit()'s copies and launches, then the event finish() waits on.
+  void enqueue(cudaStream_t s) {
     uint8_t* host = staging.data();
     uint8_t* base = device.data();
     check(cudaMemcpyAsync(base, host, staged_bytes, cudaMemcpyHostToDevice, s),
@@ -721,16 +745,6 @@ struct GpuDecoder::Impl {
     if (!done) done = std::make_unique<Event>();
     done->record(s);
     pending = true;
-    ++stats.batches;
-    stats.items += batch_items;
-    stats.blosc_items += batch_blosc_items;
-    stats.nvcomp_inputs += layout.n;
-    stats.byte_gathers += layout.g;
-    stats.compressed_bytes += payload_bytes;
-    stats.decoded_bytes += batch_decoded_bytes;
-    stats.bounced_items += bounces.size();
-    stats.device_checked_items += layout.m;
-    stats.realigned_items += realigns.size();
   }
 
   void finish() {

@@ -391,7 +391,7 @@ struct DeviceOutputs {
       at = (offsets.back() + sizes[i] + 511) / 256 * 256;
     }
     buffer = DeviceBuffer(at);
-    check(cudaMemset(buffer.data(), 0xAB, at), "memset");
+    fill_device(buffer.data(), 0xAB, at);
   }
   void* at(size_t i) const { return buffer.data() + offsets[i]; }
   Buffer read(size_t i, size_t size) const {
@@ -471,7 +471,7 @@ TEST(NvcompDecode, MixedBatchAndBufferReuse) {
 
   uint64_t allocations = 0;
   for (int round = 0; round < 3; ++round) {
-    check(cudaMemset(out.buffer.data(), 0, out.buffer.size()), "memset");
+    fill_device(out.buffer.data(), 0, out.buffer.size());
     if (round == 1) {  // the two halves, with the host free in between
       decoder.enqueue(items, stream.get());
       EXPECT_TRUE(decoder.pending());
@@ -493,7 +493,7 @@ TEST(NvcompDecode, MixedBatchAndBufferReuse) {
               static_cast<unsigned long long>(stats.bounced_items), stats.device_bytes);
 
   // relaunch() decodes the batch on the device again.
-  check(cudaMemset(out.buffer.data(), 0, out.buffer.size()), "memset");
+  fill_device(out.buffer.data(), 0, out.buffer.size());
   decoder.relaunch(stream.get());
   stream.synchronize();
   for (size_t i = 0; i < n; ++i) EXPECT_TRUE(out.read(i, sizes[i]) == originals[i]) << keys[i];
@@ -680,7 +680,7 @@ TEST(NvcompDecode, BloscChunksDecodeOnTheGpu) {
   for (size_t i = 0; i < n; ++i)
     items.push_back({codecs[i], stored[i].data(), stored[i].size(), out.at(i), sizes[i], keys[i]});
   for (int round = 0; round < 2; ++round) {
-    check(cudaMemset(out.buffer.data(), 0, out.buffer.size()), "memset");
+    fill_device(out.buffer.data(), 0, out.buffer.size());
     decoder.decode(items, stream.get());
     for (size_t i = 0; i < n; ++i)
       EXPECT_TRUE(out.read(i, sizes[i]) == originals[i]) << keys[i] << " round " << round;
@@ -696,7 +696,7 @@ TEST(NvcompDecode, BloscChunksDecodeOnTheGpu) {
               static_cast<unsigned long long>(stats.launches / 2));
 
   // relaunch() runs the streams, the copies and the unshuffles again.
-  check(cudaMemset(out.buffer.data(), 0, out.buffer.size()), "memset");
+  fill_device(out.buffer.data(), 0, out.buffer.size());
   decoder.relaunch(stream.get());
   stream.synchronize();
   for (size_t i = 0; i < n; ++i) EXPECT_TRUE(out.read(i, sizes[i]) == originals[i]) << keys[i];
