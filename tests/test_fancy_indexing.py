@@ -90,6 +90,70 @@ def test_setitem_with_arrays_matches_numpy(stored, key, seed):
     np.testing.assert_array_equal(np.asarray(zarr.open_array(str(path), mode="r")[...]), expected)
 
 
+def _random_numpy_key(rng):
+    """Any mix NumPy takes or refuses: integers, slices, integer arrays (of 0 to 2 dimensions, some
+    out of bounds), boolean masks (some of the wrong length), an ellipsis."""
+    key = []
+    for n in SHAPE[: int(rng.integers(1, 4))]:
+        kind = rng.integers(6)
+        if kind == 0:
+            key.append(int(rng.integers(-n - 1, n + 1)))
+        elif kind == 1:
+            start, stop = (int(v) for v in rng.integers(-n - 2, n + 3, 2))
+            key.append(slice(start, stop, int(rng.choice([1, 2, -1, -3]))))
+        elif kind in (2, 3):
+            shape = [(), (int(rng.integers(0, 4)),), (2, int(rng.integers(1, 3)))][int(rng.integers(3))]
+            key.append(rng.integers(-n, n + (1 if rng.random() < 0.1 else 0), shape))
+        elif kind == 4:
+            key.append(rng.random(n + (1 if rng.random() < 0.1 else 0)) < 0.5)
+        else:
+            key.append(Ellipsis)
+    return tuple(key)
+
+
+def test_random_keys_behave_as_numpy(stored, seed):
+    """Whatever NumPy makes of a key, zfeed makes the same; where NumPy refuses it, so does zfeed
+    (an IndexError), with the cases NumPy takes and zfeed does not (a second ellipsis) left out."""
+    path, data = stored
+    arr = zfeed.open(path)
+    rng = np.random.default_rng(seed)
+    for _ in range(300):
+        key = _random_numpy_key(rng)
+        if sum(k is Ellipsis for k in key) > 1:
+            continue
+        try:
+            want = data[key]
+        except IndexError:
+            with pytest.raises(IndexError):
+                arr[key]
+            continue
+        got = arr[key]
+        assert np.shape(got) == np.shape(want), key
+        np.testing.assert_array_equal(got, want, err_msg=repr(key))
+
+
+def test_random_key_writes_equal_numpys(stored, seed):
+    path, data = stored
+    arr = zfeed.open(path)
+    expected = data.copy()
+    rng = np.random.default_rng(seed)
+    for _ in range(60):
+        key = _random_numpy_key(rng)
+        if sum(k is Ellipsis for k in key) > 1:
+            continue
+        try:
+            shape = expected[key].shape
+        except IndexError:
+            continue
+        values = rng.integers(0, 100, shape).astype("int32")
+        if _has_repeats(key):
+            values[...] = 55  # NumPy leaves which of a repeated index's values wins unspecified
+        expected[key] = values
+        arr[key] = values
+    np.testing.assert_array_equal(arr[...], expected)
+    np.testing.assert_array_equal(np.asarray(zarr.open_array(str(path), mode="r")[...]), expected)
+
+
 def _has_repeats(key):
     counts = np.zeros(SHAPE, dtype=np.int64)
     np.add.at(counts, key, 1)

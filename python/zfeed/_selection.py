@@ -147,7 +147,8 @@ class Orthogonal:
             chunk_of = unique // chunks[d]
             starts = np.concatenate(([0], np.flatnonzero(np.diff(chunk_of)) + 1, [len(unique)])) if len(unique) else []
             self.groups[d] = [
-                (int(unique[lo]), int(unique[hi - 1]) + 1, slice(int(lo), int(hi))) for lo, hi in zip(starts[:-1], starts[1:])
+                (int(unique[lo]), int(unique[hi - 1]) + 1, slice(int(lo), int(hi)))
+                for lo, hi in zip(starts[:-1], starts[1:])
             ]
 
     @property
@@ -282,6 +283,16 @@ class Points:
         key = tuple(expanded)
         # Axes with integers or arrays are the point axes; slices stay per point.
         self.point_axes = [d for d, k in enumerate(key) if not isinstance(k, slice)]
+        try:
+            points_shape = np.broadcast_shapes(*(np.shape(key[d]) for d in self.point_axes))
+        except ValueError:
+            shapes = " ".join(str(np.shape(key[d])) for d in self.point_axes)
+            raise IndexError(f"shape mismatch: index arrays of shapes {shapes} do not broadcast together") from None
+        if math.prod(points_shape) == 0:
+            # No points: NumPy checks the arrays' indices no further then (its integers still), nor
+            # does zfeed.
+            key = tuple(np.zeros(np.shape(k), dtype=np.int64) if d in self.point_axes and np.ndim(k) else k
+                        for d, k in enumerate(key))
         coords = []
         for d in self.point_axes:
             k, n = key[d], shape[d]
@@ -294,11 +305,7 @@ class Points:
             else:
                 raise IndexError(f"unsupported index {k!r} for axis {d}: zfeed takes integers, slices (with "
                                  "steps), '...' and integer or boolean arrays")
-        try:
-            coords = list(np.broadcast_arrays(*coords))
-        except ValueError:
-            shapes = " ".join(str(c.shape) for c in coords)
-            raise IndexError(f"shape mismatch: index arrays of shapes {shapes} do not broadcast together") from None
+        coords = list(np.broadcast_arrays(*coords))
         self.points_shape = coords[0].shape
         self.coords = [c.reshape(-1) for c in coords]
         self.count = len(self.coords[0])
