@@ -208,37 +208,40 @@ class Orthogonal:
         return values
 
 
+def _extent(s: slice) -> int:
+    return len(range(s.start, s.stop, s.step or 1))
+
+
+def _passes(boxes, itemsize: int):
+    """The boxes (each a tuple whose first item is its key) in lists of about _PASS_BYTES each:
+    one parallel read per list."""
+    batch, size = [], 0
+    for box in boxes:
+        batch.append(box)
+        size += math.prod(_extent(s) for s in box[0]) * itemsize
+        if size >= _PASS_BYTES:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
+
+
 def read_orthogonal(array: "Array", selection: Orthogonal) -> np.ndarray:
     """The selection's values in `counts` order (integer axes kept as length 1)."""
     out = np.empty(selection.unique_counts(), dtype=array.dtype)
     if out.size:
-        pending: list[tuple] = []
-        pending_bytes = 0
-        itemsize = array.dtype.itemsize
-
-        def flush():
+        for batch in _passes(selection.boxes(), array.dtype.itemsize):
             # A box whose elements are all selected and whose place in `out` is contiguous is
             # read straight into it.
             buffers, direct = [], []
-            for key, place, pick in pending:
+            for key, place, pick in batch:
                 target = out[place + (Ellipsis,)]  # a view, also of a 0-d array
                 direct.append(pick is None and target.flags.c_contiguous)
-                buffers.append(target if direct[-1] else np.empty([len(range(s.start, s.stop, s.step)) for s in key],
-                                                                  dtype=array.dtype))
-            array.read_many([key for key, _, _ in pending], outs=buffers)
-            for (_, place, pick), box, in_place in zip(pending, buffers, direct):
+                buffers.append(target if direct[-1] else np.empty([_extent(s) for s in key], dtype=array.dtype))
+            array.read_many([key for key, _, _ in batch], outs=buffers)
+            for (_, place, pick), box, in_place in zip(batch, buffers, direct):
                 if not in_place:
                     out[place] = box if pick is None else box[pick]
-            pending.clear()
-
-        for key, place, pick in selection.boxes():
-            pending.append((key, place, pick))
-            pending_bytes += math.prod(len(range(s.start, s.stop, s.step)) for s in key) * itemsize
-            if pending_bytes >= _PASS_BYTES:
-                flush()
-                pending_bytes = 0
-        if pending:
-            flush()
     return selection.to_given_order(out)
 
 
@@ -369,23 +372,10 @@ class Points:
 
 def read_points(array: "Array", selection: Points) -> np.ndarray:
     out = np.empty(selection.values_shape, dtype=array.dtype)
-    pending: list[tuple] = []
-    pending_bytes = 0
-
-    def flush():
-        for (_, group, local), box in zip(pending, array.read_many([key for key, _, _ in pending])):
-            out[group] = selection.gather(box, local)
-        pending.clear()
-
     if out.size:
-        for key, group, local in selection.boxes():
-            pending.append((key, group, local))
-            pending_bytes += math.prod(len(range(s.start, s.stop, s.step or 1)) for s in key) * array.dtype.itemsize
-            if pending_bytes >= _PASS_BYTES:
-                flush()
-                pending_bytes = 0
-        if pending:
-            flush()
+        for batch in _passes(selection.boxes(), array.dtype.itemsize):
+            for (_, group, local), box in zip(batch, array.read_many([key for key, _, _ in batch])):
+                out[group] = selection.gather(box, local)
     return selection.to_result(out)
 
 

@@ -337,9 +337,9 @@ class Array:
 
     @property
     def vindex(self) -> "_PointsIndexer":
-        """Points selection, as zarr-python's: integer arrays for every axis broadcast together,
-        one element per point (``arr.vindex[[0, 9], [2, 3]]`` has shape (2,)), or a boolean mask of
-        the array's shape. Reads and writes."""
+        """Points selection, as zarr-python's: integer arrays broadcast together, one element per
+        point (``arr.vindex[[0, 9], [2, 3]]`` has shape (2,)), or a boolean mask of the array's
+        shape; slices may stand for other axes, laid out as NumPy lays them out. Reads and writes."""
         return _PointsIndexer(self)
 
     def __array__(self, dtype=None, copy=None):
