@@ -23,9 +23,11 @@ Then, per variant, in one run, side by side, it reads the array with
                libzstd alone on all cores (compressed variants), or open + pread of the same files
                into a preallocated buffer on all cores (raw)
 
-in two patterns: "whole" (the whole array in one read) and "random" (the same seeded list of K
+in three patterns: "whole" (the whole array in one read), "random" (the same seeded list of K
 single read chunks for every reader, one read after another as a training loader issues them; a
-read chunk is an inner chunk where the array is sharded). MB/s counts decoded bytes (10^6 B/MB);
+read chunk is an inner chunk where the array is sharded) and "list" (the same K time steps in one
+read by an index array, each step once, as `ds.isel(time=[...])` asks: zfeed `arr[steps]`, tensorstore
+`store[steps]`, zarr-python `arr.oindex[steps]`, each with its own concurrency; no zfeed-out). MB/s counts decoded bytes (10^6 B/MB);
 each figure is the best of --reps after one warm-up read, so the files are in the page cache.
 
     .venv/bin/python bench/read_bench.py                  # 1 GiB, the full benchmark
@@ -193,6 +195,8 @@ def make_readers(path: Path, sample_slices):
     import zfeed
 
     readers = {}
+    # The "list" pattern: the sample's time steps at once, each once (in the sample's order).
+    steps = list(dict.fromkeys(s[0].start for s in sample_slices))
 
     zf = zfeed.open(str(path))
 
@@ -202,7 +206,10 @@ def make_readers(path: Path, sample_slices):
     def zf_random():
         return sum(zf[s].nbytes for s in sample_slices)
 
-    readers["zfeed"] = (zf_whole, zf_random)
+    def zf_list():
+        return zf[steps].nbytes
+
+    readers["zfeed"] = {"whole": zf_whole, "random": zf_random, "list": zf_list}
 
     # Buffers allocated and touched once, as a loader's batch pool would be.
     whole_buffer = np.ones(zf.shape, dtype=zf.dtype)
@@ -214,7 +221,7 @@ def make_readers(path: Path, sample_slices):
     def zf_out_random():
         return sum(b.nbytes for b in zf.read_many(sample_slices, outs=sample_buffers))
 
-    readers["zfeed-out"] = (zf_out_whole, zf_out_random)
+    readers["zfeed-out"] = {"whole": zf_out_whole, "random": zf_out_random}
 
     store = ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": str(path)}}, read=True).result()
 
@@ -224,7 +231,10 @@ def make_readers(path: Path, sample_slices):
     def ts_random():
         return sum(store[s].read().result().nbytes for s in sample_slices)
 
-    readers["tensorstore"] = (ts_whole, ts_random)
+    def ts_list():
+        return store[steps].read().result().nbytes
+
+    readers["tensorstore"] = {"whole": ts_whole, "random": ts_random, "list": ts_list}
 
     za = zarr.open_array(str(path), mode="r")
 
@@ -234,7 +244,10 @@ def make_readers(path: Path, sample_slices):
     def za_random():
         return sum(za[s].nbytes for s in sample_slices)
 
-    readers["zarr-python"] = (za_whole, za_random)
+    def za_list():
+        return za.oindex[steps].nbytes
+
+    readers["zarr-python"] = {"whole": za_whole, "random": za_random, "list": za_list}
     return readers
 
 
@@ -251,6 +264,12 @@ def check_same(path: Path, sample_slices) -> None:
     c = zarr.open_array(str(path), mode="r")[s]
     if not (np.array_equal(a, b) and np.array_equal(a, c)):
         raise SystemExit(f"{path}: readers disagree on chunk {s}")
+    steps = [s[0].start for s in sample_slices[:4]]
+    a = zfeed.open(str(path))[steps]
+    b = ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": str(path)}}).result()[steps].read().result()
+    c = zarr.open_array(str(path), mode="r").oindex[steps]
+    if not (np.array_equal(a, b) and np.array_equal(a, c)):
+        raise SystemExit(f"{path}: readers disagree on time steps {steps}")
 
 
 def limit_binary(args) -> Path:
@@ -410,7 +429,7 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=3, help="timed repetitions; the best counts (default 3)")
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset of zstd,sharded,raw")
     parser.add_argument("--readers", default=",".join(READERS), help="comma-separated subset of " + ",".join(READERS))
-    parser.add_argument("--patterns", default="whole,random", help="comma-separated subset of whole,random")
+    parser.add_argument("--patterns", default="whole,random,list", help="comma-separated subset of whole,random,list")
     parser.add_argument("--json", type=Path, help="results JSON (default WORKDIR/read_bench.json)")
     parser.add_argument("--png", type=Path, help="bar chart (default WORKDIR/read_bench.png)")
     parser.add_argument("--limit-bin", help="the zfeed_read_limit binary (default: build it in build/release)")
@@ -447,6 +466,7 @@ def main() -> int:
     sample_file.write_text("".join(" ".join(map(str, idx)) + "\n" for idx in sample))
     sample_slices = [read_chunk_slices(idx, read_shape, shape) for idx in sample]
     decoded = {"whole": int(np.prod(shape)) * 4, "random": args.k * int(np.prod(read_shape)) * 4}
+    decoded["list"] = len({idx[0] for idx in sample}) * int(np.prod(read_shape)) * 4  # distinct steps
 
     info = machine()
     log(f"machine: {info['cores']} cores, {info['cpu']}, {info['memory_gib']} GiB; files are in the page cache "
@@ -464,15 +484,18 @@ def main() -> int:
         # patterns and readers, so that a burst of other load on the machine hits all of them.
         for pattern in patterns:
             for reader in py_readers:
-                nbytes = fns[reader][0 if pattern == "whole" else 1]()
-                assert nbytes == decoded[pattern], (reader, nbytes, decoded[pattern])
-        times = {(p, r): [] for p in patterns for r in py_readers}
-        cpu = {(p, r): [] for p in patterns for r in py_readers}
+                if pattern in fns[reader]:
+                    nbytes = fns[reader][pattern]()
+                    assert nbytes == decoded[pattern], (reader, nbytes, decoded[pattern])
+        times = {(p, r): [] for p in patterns for r in py_readers if p in fns[r]}
+        cpu = {(p, r): [] for p in patterns for r in py_readers if p in fns[r]}
         limits = []
         for rep in range(args.reps):
             for pattern in patterns:
                 for reader in py_readers:
-                    fn = fns[reader][0 if pattern == "whole" else 1]
+                    fn = fns[reader].get(pattern)
+                    if fn is None:
+                        continue
                     cpu_start = cpu_seconds()
                     start = time.perf_counter()
                     fn()
@@ -492,16 +515,16 @@ def main() -> int:
                     row["mbps"]["limit"] = best[key]["mbps"]
                     row["seconds"]["limit"] = best[key]["seconds"]
                     row["cpu_s_per_gb"]["limit"] = best[key]["cpu_seconds"] / decoded[pattern] * 1e9
-                    if key + "_serial" in best:
+                    if pattern == "random" and key + "_serial" in best:
                         row["limit_serial_mbps"] = max(l[key + "_serial"]["mbps"] for l in limits)
                     row["limit_threads"] = best[key]["threads"]
-                else:
+                elif (pattern, reader) in times:
                     seconds = min(times[(pattern, reader)])
                     row["cpu_s_per_gb"][reader] = min(cpu[(pattern, reader)]) / decoded[pattern] * 1e9
                     row["seconds"][reader] = seconds
                     row["mbps"][reader] = decoded[pattern] / seconds / 1e6
             m = row["mbps"]
-            log(f"{variant:8s} {pattern:7s} " + "  ".join(f"{r} {m[r]:.0f}" for r in readers) + " MB/s")
+            log(f"{variant:8s} {pattern:7s} " + "  ".join(f"{r} {m[r]:.0f}" for r in readers if r in m) + " MB/s")
             # Against the limit: zfeed under the limit's conditions (reused buffers, all chunks at
             # once); against the peers: zfeed through the same call shape as theirs.
             best = m.get("zfeed-out", m.get("zfeed"))
@@ -520,7 +543,8 @@ def main() -> int:
 
     ratio = {v: stored_bytes(paths[v]) / (int(np.prod(shape)) * 4) for v in variants}
     title = (f"zfeed read benchmark: {shape} float32 ({np.prod(shape) * 4 / 2**30:.2f} GiB), "
-             f"random = {args.k} single-chunk reads; {info['cores']} cores, page cache warm")
+             f"random = {args.k} single-chunk reads, list = the same in one read; {info['cores']} cores, "
+             "page cache warm")
     result = {"title": title, "machine": info, "versions": versions(), "shape": shape, "read_chunk_shape": read_shape,
               "k": args.k, "seed": args.seed, "reps": args.reps, "page_cache": "warm (files read once before timing)",
               "stored_over_decoded": ratio, "load_average": {"before": load_before, "after": load_after},

@@ -112,6 +112,26 @@ def numpy_kind(key: tuple, shape: Sequence[int]) -> str:
     return "points"
 
 
+class _Group:
+    """The distinct indices of an orthogonal selection along one axis that one read chunk holds:
+    read as one box [first, stop), its values going to `target` in the output: a slice where they
+    go, in their order, to consecutive places (read there directly), else the given positions
+    (each distinct index's, ascending; `repeats` says how many each has where any repeats)."""
+
+    __slots__ = ("distinct", "first", "local", "repeats", "stop", "target")
+
+    def __init__(self, unique: np.ndarray, repeats: np.ndarray, given: np.ndarray, lo: int, hi: int):
+        self.distinct = slice(lo, hi)
+        self.first, self.stop = int(unique[lo]), int(unique[hi - 1]) + 1
+        self.local = unique[lo:hi] - self.first
+        repeated = len(given) != hi - lo
+        self.repeats = repeats[lo:hi] if repeated else None
+        if not repeated and (len(given) == 1 or bool(np.all(np.diff(given) == 1))):
+            self.target: slice | np.ndarray = slice(int(given[0]), int(given[-1]) + 1)
+        else:
+            self.target = given
+
+
 class Orthogonal:
     """An orthogonal selection resolved against an array: per axis an integer, a slice (any step)
     or indices. Axes in `counts` order keep integers as length 1 and hold every index given (with
@@ -135,63 +155,55 @@ class Orthogonal:
         self.basic = _Index(tuple(basic_key), shape)
         self.dropped = list(self.basic.dropped)
         self.counts = [len(self.arrays[d]) if d in self.arrays else c for d, c in enumerate(self.basic.counts)]
-        # Per array axis: distinct sorted indices, where each given index is among them, and groups
-        # (runs of distinct indices in one read chunk) as (first, stop, positions in `unique`).
+        # Per array axis: the distinct sorted indices, where each given index is among them, and
+        # their groups, one per read chunk holding any.
         self.unique: dict[int, np.ndarray] = {}
         self.inverse: dict[int, np.ndarray] = {}
-        self.groups: dict[int, list[tuple[int, int, slice]]] = {}
+        self.groups: dict[int, list[_Group]] = {}
         for d, a in self.arrays.items():
-            unique, inverse = np.unique(a, return_inverse=True)
-            self.unique[d] = unique
-            self.inverse[d] = inverse.reshape(-1)
+            unique, inverse, repeats = np.unique(a, return_inverse=True, return_counts=True)
+            inverse = inverse.reshape(-1)
+            self.unique[d], self.inverse[d] = unique, inverse
+            # The given positions, those of the first distinct index first (each index's ascending).
+            by_distinct = np.argsort(inverse, kind="stable")
+            offsets = np.concatenate(([0], np.cumsum(repeats)))
             chunk_of = unique // chunks[d]
-            starts = np.concatenate(([0], np.flatnonzero(np.diff(chunk_of)) + 1, [len(unique)])) if len(unique) else []
+            bounds = np.concatenate(([0], np.flatnonzero(np.diff(chunk_of)) + 1, [len(unique)])) if len(unique) else []
             self.groups[d] = [
-                (int(unique[lo]), int(unique[hi - 1]) + 1, slice(int(lo), int(hi)))
-                for lo, hi in zip(starts[:-1], starts[1:])
+                _Group(unique, repeats, by_distinct[offsets[lo] : offsets[hi]], int(lo), int(hi))
+                for lo, hi in zip(bounds[:-1], bounds[1:])
             ]
 
     @property
     def empty(self) -> bool:
         return any(c == 0 for c in self.counts)
 
-    def unique_counts(self) -> list[int]:
-        return [len(self.unique[d]) if d in self.arrays else c for d, c in enumerate(self.counts)]
-
     def boxes(self):
-        """(box key, where its values go among the distinct indices, which of its elements are
-        selected or None where all are) for every combination of the array axes' groups."""
+        """For every combination of the array axes' groups: (box key, where its values go among
+        the distinct indices (for writes), where they go in the output (for reads: slices, or
+        positions along array axes), how often each repeats per array axis where any does, which
+        of the box's elements are selected or None where all are)."""
         b = self.basic
         per_axis = []
         for d in range(len(self.shape)):
-            if d in self.arrays:
-                per_axis.append([(d, g) for g in self.groups[d]])
-            else:
-                per_axis.append([(d, None)])
+            per_axis.append([(d, g) for g in self.groups[d]] if d in self.arrays else [(d, None)])
         for combination in itertools.product(*per_axis):
-            key, place, local, dense = [], [], [], True
+            key, distinct, target, repeats, local, dense = [], [], [], {}, [], True
             for d, group in combination:
                 if group is None:
                     key.append(slice(b.starts[d], b.stops[d], b.steps[d]))
-                    place.append(slice(None))
+                    distinct.append(slice(None))
+                    target.append(slice(None))
                     local.append(np.arange(b.counts[d]))
                 else:
-                    first, stop, positions = group
-                    indices = self.unique[d][positions] - first
-                    key.append(slice(first, stop, 1))
-                    place.append(positions)
-                    local.append(indices)
-                    dense = dense and len(indices) == stop - first
-            yield tuple(key), tuple(place), (None if dense else np.ix_(*local))
-
-    def to_given_order(self, out: np.ndarray) -> np.ndarray:
-        """Values over the distinct sorted indices -> over the indices as given (with repeats)."""
-        for d, inverse in self.inverse.items():
-            if len(inverse) != len(self.unique[d]) or np.any(inverse != np.arange(len(inverse))):
-                out = np.take(out, inverse, axis=d)
-        if self.basic.reversed:
-            out = np.flip(out, axis=self.basic.reversed)
-        return out
+                    key.append(slice(group.first, group.stop, 1))
+                    distinct.append(group.distinct)
+                    target.append(group.target)
+                    if group.repeats is not None:
+                        repeats[d] = group.repeats
+                    local.append(group.local)
+                    dense = dense and len(group.local) == group.stop - group.first
+            yield tuple(key), tuple(distinct), tuple(target), repeats, (None if dense else np.ix_(*local))
 
     def to_distinct_order(self, values: np.ndarray) -> np.ndarray:
         """Values over the indices as given -> over the distinct sorted ones, the last of repeated
@@ -228,21 +240,38 @@ def _passes(boxes, itemsize: int):
 
 def read_orthogonal(array: "Array", selection: Orthogonal) -> np.ndarray:
     """The selection's values in `counts` order (integer axes kept as length 1)."""
-    out = np.empty(selection.unique_counts(), dtype=array.dtype)
+    out = np.empty(selection.counts, dtype=array.dtype)
     if out.size:
         for batch in _passes(selection.boxes(), array.dtype.itemsize):
-            # A box whose elements are all selected and whose place in `out` is contiguous is
-            # read straight into it.
+            # A box whose elements are all selected and go to one contiguous part of `out` is read
+            # straight into it; the others into a buffer, then scattered.
             buffers, direct = [], []
-            for key, place, pick in batch:
-                target = out[place + (Ellipsis,)]  # a view, also of a 0-d array
-                direct.append(pick is None and target.flags.c_contiguous)
-                buffers.append(target if direct[-1] else np.empty([_extent(s) for s in key], dtype=array.dtype))
-            array.read_many([key for key, _, _ in batch], outs=buffers)
-            for (_, place, pick), box, in_place in zip(batch, buffers, direct):
-                if not in_place:
-                    out[place] = box if pick is None else box[pick]
-    return selection.to_given_order(out)
+            for key, _, target, repeats, pick in batch:
+                view = None
+                if pick is None and not repeats and all(isinstance(t, slice) for t in target):
+                    view = out[target + (Ellipsis,)]  # a view, also of a 0-d array
+                direct.append(view is not None and view.flags.c_contiguous)
+                buffers.append(view if direct[-1] else np.empty([_extent(s) for s in key], dtype=array.dtype))
+            array.read_many([box[0] for box in batch], outs=buffers)
+            for (_, _, target, repeats, pick), box, in_place in zip(batch, buffers, direct):
+                if in_place:
+                    continue
+                values = box if pick is None else box[pick]
+                for d, counts in repeats.items():
+                    values = np.repeat(values, counts, axis=d)
+                _scatter(out, target, values)
+    if selection.basic.reversed:
+        out = np.flip(out, axis=selection.basic.reversed)
+    return out
+
+
+def _scatter(out: np.ndarray, target: tuple, values: np.ndarray) -> None:
+    """out[target] = values, target's position arrays (one per axis at most) taken orthogonally."""
+    arrays = [i for i, t in enumerate(target) if not isinstance(t, slice)]
+    if len(arrays) <= 1:
+        out[target] = values  # one index array among slices keeps the axes where they are
+    else:
+        out[np.ix_(*(np.arange(n)[t] if isinstance(t, slice) else t for t, n in zip(target, out.shape)))] = values
 
 
 def write_orthogonal(array: "Array", selection: Orthogonal, values: np.ndarray) -> None:
@@ -250,7 +279,7 @@ def write_orthogonal(array: "Array", selection: Orthogonal, values: np.ndarray) 
     if selection.empty:
         return
     values = selection.to_distinct_order(values)
-    for key, place, pick in selection.boxes():
+    for key, place, _, _, pick in selection.boxes():
         part = values[place]
         if pick is None:
             array[key] = part
