@@ -26,9 +26,10 @@ Then, per variant, in one run, side by side, it reads the array with
 in three patterns: "whole" (the whole array in one read), "random" (the same seeded list of K
 single read chunks for every reader, one read after another as a training loader issues them; a
 read chunk is an inner chunk where the array is sharded) and "list" (the same K time steps in one
-read by an index array, each step once, as `ds.isel(time=[...])` asks: zfeed `arr[steps]`, tensorstore
-`store[steps]`, zarr-python `arr.oindex[steps]`, each with its own concurrency; no zfeed-out). MB/s counts decoded bytes (10^6 B/MB);
-each figure is the best of --reps after one warm-up read, so the files are in the page cache.
+read by an index array, each step once, as `ds.isel(time=[...])` asks: zfeed `arr[steps]`,
+tensorstore `store[steps]`, zarr-python `arr.oindex[steps]`, each with its own concurrency; no
+zfeed-out, so its ratio to the limit is zfeed's). MB/s counts decoded bytes (10^6 B/MB); each
+figure is the best of --reps after one warm-up read, so the files are in the page cache.
 
     .venv/bin/python bench/read_bench.py                  # 1 GiB, the full benchmark
     .venv/bin/python bench/read_bench.py --size-mib 64    # a quick check
