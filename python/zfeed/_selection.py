@@ -5,16 +5,18 @@ Two kinds, as zarr-python names them:
 - orthogonal (``arr.oindex[...]``): per axis an integer, a slice, or a 1-D array of indices (or a
   boolean mask of the axis), each axis selected on its own: ``oindex[[0, 5], :, [1, 2]]`` has shape
   (2, n1, 2). NumPy's ``arr[...]`` means the same where one axis has an array.
-- points (``arr.vindex[...]``): integer arrays for every axis, broadcast together, one element per
-  point (NumPy's ``arr[[0, 5], [1, 2]]``), or a boolean mask of the array's shape.
+- points (``arr.vindex[...]``): integer arrays broadcast together, one element per point (NumPy's
+  ``arr[[0, 5], [1, 2]]``; slices on other axes give a slice per point, laid out as NumPy does), or
+  a boolean mask of the array's shape.
 
-Both are read chunk by chunk: the selected indices of each axis are grouped by the read chunk that
-holds them, each group is read as one box (from its first selected index to its last, so within
-one chunk) with every box of a pass decoded in parallel, and the selected elements are gathered from
-the boxes. A chunk is decoded once per selection however many of its elements are selected, and no
-chunk without a selected element is read. Writes go the same way: a box whose elements are all
-selected is written as it is, any other box is read, changed and written back (as zarr-python does
-with chunks).
+Both are read chunk by chunk: the selected indices are grouped by the read chunk that holds them,
+each group is read as one box (from its first selected index to its last, so within one chunk)
+with every box of a pass decoded in parallel, and the selected elements go from the boxes to their
+places in the output (a box whose elements all go, in order, to one contiguous part of the output
+is read straight into it). A chunk is decoded once per selection however many of its elements are
+selected, and no chunk without a selected element is read. Writes go the same way: a box whose
+elements are all selected is written as it is, any other box is read, changed and written back (as
+zarr-python does with chunks).
 """
 
 from __future__ import annotations
@@ -135,7 +137,7 @@ class _Group:
 class Orthogonal:
     """An orthogonal selection resolved against an array: per axis an integer, a slice (any step)
     or indices. Axes in `counts` order keep integers as length 1 and hold every index given (with
-    repeats, in the order given); the reads work on the distinct sorted indices and boxes."""
+    repeats, in the order given); boxes are read over the distinct sorted indices."""
 
     def __init__(self, key: tuple, shape: Sequence[int], chunks: Sequence[int], *, flat_only: bool = True):
         from .array import _Index  # the basic part of the key
