@@ -352,14 +352,15 @@ def plot(rows, png: Path, title: str) -> None:
     for ax, (name, group) in zip(axes[0], groups):
         x = np.arange(len(group))
         for i, reader in enumerate(READERS):
-            values = [r["mbps"].get(reader, 0) for r in group]
+            values = [r["mbps"].get(reader, np.nan) for r in group]  # none: no bar, no label
             bars = ax.bar(x + (i - (len(READERS) - 1) / 2) * width, values, width, label=reader, color=colors[reader])
-            ax.bar_label(bars, fmt="%.0f", fontsize=7, rotation=90, padding=2)
+            ax.bar_label(bars, labels=[f"{v:.0f}" if v == v else "" for v in values], fontsize=7, rotation=90,
+                         padding=2)
         ax.set_xticks(x, [f"{r['variant']}\n{r['pattern']}" for r in group])
         ax.set_title(name, fontsize=10)
-        ax.margins(y=0.18)
+        ax.margins(y=0.3)
     axes[0][0].set_ylabel("MB/s of decoded float32 (higher is better)")
-    axes[0][0].legend(fontsize=8)
+    axes[0][0].legend(fontsize=8, ncol=len(READERS), loc="upper left")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(png, dpi=120)
