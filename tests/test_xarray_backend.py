@@ -152,6 +152,8 @@ SELECTIONS = [
     {"lon": [0, 3, 4, 6]},  # outer: zfeed reads those columns' chunks only
     {"time": [7, 2, 5], "lat": [4, 0]},
     {"time": xr.DataArray([1, 4, 8], dims="points"), "lon": xr.DataArray([0, 2, 6], dims="points")},  # vectorized
+    {"time": xr.DataArray([1, 4, 8], dims="p"), "lat": slice(None, None, -2), "lon": xr.DataArray([6, 2, 6], dims="p")},
+    {"lat": xr.DataArray([[0, 1], [4, 3]], dims=("a", "b")), "lon": xr.DataArray([[1, 1], [0, 6]], dims=("a", "b"))},
     {"time": slice(4, 4)},  # empty
 ]
 
@@ -184,14 +186,16 @@ class _CountingReads:
     def __init__(self, monkeypatch):
         self.reads: list[tuple[str, tuple]] = []
         self._lock = threading.Lock()
-        original = ZfeedBackendArray._read
+        for method in ("_read", "_read_points"):
+            monkeypatch.setattr(ZfeedBackendArray, method, self._counting(getattr(ZfeedBackendArray, method)))
 
+    def _counting(self, original):
         def counting(backend_array, key):
             with self._lock:
                 self.reads.append((backend_array.get_array().path, key))
             return original(backend_array, key)
 
-        monkeypatch.setattr(ZfeedBackendArray, "_read", counting)
+        return counting
 
     def of(self, path):
         return [key for p, key in self.reads if p == path]
@@ -217,10 +221,26 @@ def test_outer_selections_read_only_the_listed_indices(cf_store, monkeypatch):
     path, _ = cf_store
     counter = _CountingReads(monkeypatch)
     got = _zfeed(path)["t2m"].isel(time=[7, 0, 7], lon=[5, 1]).values
-    # One read of the distinct time steps and columns, not of the slices spanning them.
+    # One read of the listed time steps and columns (zfeed reads each one's chunk once), not of
+    # the slices spanning them.
     (key,) = counter.of("t2m")
-    assert [list(np.atleast_1d(k)) if not isinstance(k, slice) else k for k in key] == [[0, 7], slice(None), [1, 5]]
+    assert [list(np.atleast_1d(k)) if not isinstance(k, slice) else k for k in key] == [[7, 0, 7], slice(None), [5, 1]]
     np.testing.assert_array_equal(got, _zarr(path)["t2m"].isel(time=[7, 0, 7], lon=[5, 1]).values)
+
+
+def test_vectorized_selections_read_the_points(cf_store, monkeypatch):
+    """Stations picked by (lat, lon) pairs: one read of those points, not of the box or the outer
+    product around them."""
+    path, _ = cf_store
+    counter = _CountingReads(monkeypatch)
+    lat, lon = xr.DataArray([0, 4, 4], dims="station"), xr.DataArray([6, 1, 6], dims="station")
+    got = _zfeed(path)["t2m"].isel(lat=lat, lon=lon).load()
+    # xarray hands the points over with the time slice as indices of its own: (time, station).
+    (key,) = counter.of("t2m")
+    time, lats, lons = np.broadcast_arrays(*key)
+    assert (time == np.arange(got.sizes["time"])[:, None]).all()
+    assert (lats == [0, 4, 4]).all() and (lons == [6, 1, 6]).all()
+    xr.testing.assert_identical(got, _zarr(path)["t2m"].isel(lat=lat, lon=lon))
 
 
 def test_values_are_read_when_used_not_when_opened(tmp_path):

@@ -295,9 +295,10 @@ class Points:
     """A points selection with NumPy's meaning: integer arrays (integers, 1-D boolean masks) on
     some axes broadcast together into points, slices on the others; or one boolean mask of the
     array's shape. Each point's values (one element, or a slice's worth per point where slices
-    remain) are read from the chunk holding the point, points grouped by chunk."""
+    remain) are read from the chunk holding the point, points grouped by chunk. `slices_last`:
+    the points' dimensions always first, the slices' after them (xarray's vectorized indexing)."""
 
-    def __init__(self, key: tuple, shape: Sequence[int], chunks: Sequence[int]):
+    def __init__(self, key: tuple, shape: Sequence[int], chunks: Sequence[int], *, slices_last: bool = False):
         from .array import _Index  # the slices of the key
 
         self.shape = tuple(shape)
@@ -349,7 +350,7 @@ class Points:
         # NumPy puts the points' dimensions where the point axes are when they are side by side,
         # else first.
         adjacent = self.point_axes == list(range(self.point_axes[0], self.point_axes[-1] + 1))
-        place = sum(1 for d in self.slice_axes if d < self.point_axes[0]) if adjacent else 0
+        place = sum(1 for d in self.slice_axes if d < self.point_axes[0]) if adjacent and not slices_last else 0
         self.result_shape = tuple(slice_counts[:place]) + self.points_shape + tuple(slice_counts[place:])
         self._place = place
         self.values_shape = (self.count, *slice_counts)  # points first, then the slices in order

@@ -29,6 +29,7 @@ from xarray.core import indexing
 from xarray.core.utils import FrozenDict
 from xarray.core.variable import Variable
 
+from . import _selection
 from .array import Array, Group, open as _open_node
 
 DIMENSION_KEY = "_ARRAY_DIMENSIONS"
@@ -40,9 +41,10 @@ __all__ = ["ZfeedBackendArray", "ZfeedBackendEntrypoint", "ZfeedDataStore"]
 class ZfeedBackendArray(BackendArray):
     """One zfeed array as xarray sees it: shape, dtype, and reads of outer selections (per axis
     an integer, a slice with any step, or an array of indices: ``isel(time=[0, 500, 9000])`` reads
-    the chunks of those three steps only). xarray turns vectorized selections into an outer read
-    plus NumPy indexing. Reads release the GIL and are safe from several threads at once (dask's
-    threaded scheduler): each read decodes on zfeed's shared pool."""
+    the chunks of those three steps only) and vectorized ones (points: ``sel(lat=stations_lat,
+    lon=stations_lon, method="nearest")`` with DataArrays reads the chunks holding the stations
+    only, not the box around them). Reads release the GIL and are safe from several threads at
+    once (dask's threaded scheduler): each read decodes on zfeed's shared pool."""
 
     __slots__ = ("_array", "dtype", "shape")
 
@@ -55,10 +57,18 @@ class ZfeedBackendArray(BackendArray):
         return self._array
 
     def __getitem__(self, key: indexing.ExplicitIndexer) -> np.ndarray:
-        return indexing.explicit_indexing_adapter(key, self.shape, indexing.IndexingSupport.OUTER, self._read)
+        method = self._read_points if isinstance(key, indexing.VectorizedIndexer) else self._read
+        return indexing.explicit_indexing_adapter(key, self.shape, indexing.IndexingSupport.VECTORIZED, method)
 
     def _read(self, key: tuple) -> np.ndarray:
+        """A basic or outer selection."""
         return np.asarray(self._array.oindex[key])
+
+    def _read_points(self, key: tuple) -> np.ndarray:
+        """A vectorized selection: arrays broadcast into points, the points' dimensions first and
+        the slices' after them, as xarray lays them out."""
+        a = self._array
+        return _selection.read_points(a, _selection.Points(key, a.shape, a.chunks, slices_last=True))
 
 
 def _decode_v3_fill_attr(value: Any, dtype: np.dtype) -> Any:
