@@ -15,8 +15,8 @@ Then, per variant, in one run, side by side, it reads the array with
 
   zfeed        zfeed.open(path)[...]               (the C++ read, GIL released, into numpy)
   zfeed-out    the same reads into reused, already-touched buffers: arr.read(key, out=buf) for
-               "whole", and arr.read_many(sample, outs=bufs) for "random" (all K chunks in one
-               parallel pass, as a loader issues a batch); the conditions the limit runs under
+               "whole" and "list", and arr.read_many(sample, outs=bufs) for "random" (all K chunks
+               in one parallel pass, as a loader issues a batch); the conditions the limit runs under
   tensorstore  ts.open(zarr3 driver)[...].read().result()   (default context and concurrency)
   zarr-python  zarr.open_array(path, mode="r")[...]
   limit        bench/read_limit.cc: the same chunks' zstd frames, in memory, decompressed by
@@ -27,9 +27,9 @@ in three patterns: "whole" (the whole array in one read), "random" (the same see
 single read chunks for every reader, one read after another as a training loader issues them; a
 read chunk is an inner chunk where the array is sharded) and "list" (the same K time steps in one
 read by an index array, each step once, as `ds.isel(time=[...])` asks: zfeed `arr[steps]`,
-tensorstore `store[steps]`, zarr-python `arr.oindex[steps]`, each with its own concurrency; no
-zfeed-out, so its ratio to the limit is zfeed's). MB/s counts decoded bytes (10^6 B/MB); each
-figure is the best of --reps after one warm-up read, so the files are in the page cache.
+tensorstore `store[steps]`, zarr-python `arr.oindex[steps]`, each with its own concurrency).
+MB/s counts decoded bytes (10^6 B/MB); each figure is the best of --reps after one warm-up read,
+so the files are in the page cache.
 
     .venv/bin/python bench/read_bench.py                  # 1 GiB, the full benchmark
     .venv/bin/python bench/read_bench.py --size-mib 64    # a quick check
@@ -222,7 +222,12 @@ def make_readers(path: Path, sample_slices):
     def zf_out_random():
         return sum(b.nbytes for b in zf.read_many(sample_slices, outs=sample_buffers))
 
-    readers["zfeed-out"] = {"whole": zf_out_whole, "random": zf_out_random}
+    list_buffer = np.ones((len(steps),) + tuple(zf.shape[1:]), dtype=zf.dtype)
+
+    def zf_out_list():
+        return zf.read(steps, out=list_buffer).nbytes
+
+    readers["zfeed-out"] = {"whole": zf_out_whole, "random": zf_out_random, "list": zf_out_list}
 
     store = ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": str(path)}}, read=True).result()
 

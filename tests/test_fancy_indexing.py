@@ -278,6 +278,25 @@ def test_reads_only_the_chunks_holding_selected_elements(tmp_path):
         arr[[2, 3]]
 
 
+def test_read_into_a_buffer_with_an_index_array(stored):
+    path, data = stored
+    arr = zfeed.open(path)
+    for key in [np.s_[[8, 0, 0, 3]], np.s_[:, [10, 2]], np.s_[1, np.arange(11) % 4 == 1, 2:6],
+                np.s_[[4], 5], np.s_[:, :, []]]:
+        want = data[key]
+        out = np.full(want.shape, -1, dtype=data.dtype)
+        assert arr.read(key, out=out) is out
+        np.testing.assert_array_equal(out, want)
+    with pytest.raises(IndexError, match="one index array"):
+        arr.read(np.s_[[1, 2], [3, 4]], out=np.empty(2, data.dtype))
+    with pytest.raises(IndexError, match="move its axis first"):
+        arr.read(np.s_[1, :, [0, 1]], out=np.empty((2, 11), data.dtype))
+    with pytest.raises(ValueError, match="negative steps"):
+        arr.read(np.s_[::-1, [0]], out=np.empty((9, 1, 7), data.dtype))
+    with pytest.raises(ValueError, match="out has shape"):
+        arr.read(np.s_[[0, 1]], out=np.empty((3, 11, 7), data.dtype))
+
+
 def test_zero_dimensional_arrays(tmp_path):
     arr = zfeed.create(tmp_path / "s.zarr", shape=(), dtype="float64")
     arr[...] = 2.5

@@ -180,6 +180,15 @@ class Orthogonal:
     def empty(self) -> bool:
         return any(c == 0 for c in self.counts)
 
+    @property
+    def result_shape(self) -> tuple:
+        """The shape of the values with integer axes dropped (zarr-python's oindex layout)."""
+        return tuple(c for d, c in enumerate(self.counts) if d not in self.dropped)
+
+    @property
+    def reversed(self) -> list[int]:
+        return self.basic.reversed
+
     def boxes(self):
         """For every combination of the array axes' groups: (box key, where its values go among
         the distinct indices (for writes), where they go in the output (for reads: slices, or
@@ -240,9 +249,11 @@ def _passes(boxes, itemsize: int):
         yield batch
 
 
-def read_orthogonal(array: "Array", selection: Orthogonal) -> np.ndarray:
-    """The selection's values in `counts` order (integer axes kept as length 1)."""
-    out = np.empty(selection.counts, dtype=array.dtype)
+def read_orthogonal(array: "Array", selection: Orthogonal, out: np.ndarray | None = None) -> np.ndarray:
+    """The selection's values in `counts` order (integer axes kept as length 1), into `out` where
+    given (C-contiguous, of that shape; the selection without negative steps)."""
+    if out is None:
+        out = np.empty(selection.counts, dtype=array.dtype)
     if out.size:
         for batch in _passes(selection.boxes(), array.dtype.itemsize):
             # A box whose elements are all selected and go to one contiguous part of `out` is read

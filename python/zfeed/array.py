@@ -285,13 +285,25 @@ class Array:
         buffers, since first touching fresh memory costs as much as decoding on some machines."""
         if out is None:
             return self[key]
-        index = _Index(key, self.shape)
+        expanded = _selection.expand(key, self.ndim)
+        if any(_selection.is_array_index(k) for k in expanded):
+            # One index array along its axis: the values go to their places in `out` as they would
+            # in a fresh result.
+            if _selection.numpy_kind(expanded, self.shape) != "orthogonal":
+                raise IndexError("read(out=) takes one index array (a selection along one axis); read points without out")
+            selection = _selection.Orthogonal(expanded, self.shape, self.chunks)
+            if _moved_axes(selection):
+                raise IndexError("read(out=): integers apart from the index array move its axis first (NumPy's rule); "
+                                 "read without out")
+            _selection.read_orthogonal(self, selection, out=self._check_out(selection, out))
+            return out
+        index = _Index(expanded, self.shape)
         buffer = self._check_out(index, out)
         if buffer.size:
             self._core.read(index.starts, index.stops, index.steps, _raw(buffer))
         return out
 
-    def _check_out(self, index: "_Index", out: np.ndarray) -> np.ndarray:
+    def _check_out(self, index: "_Index | _selection.Orthogonal", out: np.ndarray) -> np.ndarray:
         if not isinstance(out, np.ndarray) or out.dtype != self._dtype:
             raise TypeError(f"out must be a numpy array of dtype {self._dtype}")
         if tuple(out.shape) not in (tuple(index.result_shape), tuple(index.counts)):
