@@ -123,6 +123,54 @@ def test_resume_yields_the_identical_remaining_batches(era5):
                 assert a[key].tobytes() == b[key].tobytes()
 
 
+def test_time_range_splits_training_from_validation(era5):
+    """A training loader on (None, split) and a validation loader on (split, None): every
+    sample's inputs and targets inside its range, the two disjoint, each sample once per epoch
+    across ranks; the forms a range takes; a resume inside a range."""
+    path, data = era5
+    split = T - 6
+    kwargs = dict(inputs=INPUTS, targets=TARGETS, lead=2, history=2, batch_size=1, drop_last=False, seed=4)
+    used = {}
+    for name, time_range in (("train", (None, split)), ("val", slice(split, None))):
+        loader = zfeed.Loader(path, time_range=time_range, **kwargs)
+        times = []
+        for batch in loader:
+            for i, t in enumerate(batch["times"]):
+                np.testing.assert_array_equal(batch["inputs"][i], expected(data, loader.input_channels, int(t)))
+                times.append(int(t))
+        used[name] = {u for t in times for u in range(t - 1, t + 3)}  # history 2, lead 2
+        assert len(times) == len(set(times))
+        if name == "train":
+            assert sorted(times) == list(range(1, split - 2))
+        else:
+            assert sorted(times) == list(range(split + 1, T - 2))
+    assert max(used["train"]) < split <= min(used["val"])
+    # Two ranks share a range's samples out between them.
+    ranks = [[int(t) for b in zfeed.Loader(path, time_range=range(3, 15), rank=r, world_size=2, **kwargs)
+              for t in b["times"]] for r in range(2)]
+    assert len(ranks[0]) == len(ranks[1]) == 5  # 9 samples, padded to equal counts
+    assert set(ranks[0] + ranks[1]) == set(range(4, 13))
+    # Negative ends count from the end; a resume stays in its range.
+    ranged = dict(kwargs, batch_size=3, time_range=(-10, -1))
+    full = copies(zfeed.Loader(path, **ranged))
+    first = zfeed.Loader(path, **ranged)
+    next(iter(first))
+    resumed = zfeed.Loader(path, **ranged)
+    resumed.load_state_dict(first.state_dict())
+    rest = copies(resumed)
+    assert [b["times"].tolist() for b in rest] == [b["times"].tolist() for b in full[1:]]
+    assert all(T - 9 <= t <= T - 4 for b in full for t in b["times"])
+    with pytest.raises(zfeed.ZarrError, match="holds 2 of the"):
+        zfeed.Loader(path, time_range=(5, 7), **kwargs)
+    with pytest.raises(zfeed.ZarrError, match="no step"):
+        zfeed.Loader(path, time_range=slice(0, 10, 2), **kwargs)
+    with pytest.raises(zfeed.ZarrError, match="integers or None"):
+        zfeed.Loader(path, time_range=(0.5, 10), **kwargs)
+    with pytest.raises(zfeed.ZarrError, match="time_start"):
+        other = zfeed.Loader(path, **dict(ranged, time_range=(-11, -2)))
+        other.load_state_dict(first.state_dict())
+
+
 def test_epochs_shuffle_deterministically(era5):
     path, _ = era5
     loader = zfeed.Loader(path, inputs=["t2m"], targets=["t2m"], batch_size=8, seed=5)

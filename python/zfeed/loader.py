@@ -126,6 +126,24 @@ def _typed(array, dtype: str):
     return array
 
 
+def _time_range(value) -> list | None:
+    """``time_range`` as the spec's ``[start, stop]`` (either None)."""
+    if value is None:
+        return None
+    if isinstance(value, (slice, range)):
+        if value.step not in (None, 1):
+            raise _core.ZarrError(f"loader: time_range takes no step, got {value!r}")
+        value = (value.start, value.stop)
+    if not isinstance(value, (tuple, list)) or len(value) != 2:
+        raise _core.ZarrError(f"loader: time_range is (start, stop), a slice or a range, got {value!r}")
+    ends = []
+    for end in value:
+        if end is not None and not isinstance(end, (int, np.integer)):
+            raise _core.ZarrError(f"loader: time_range's ends are integers or None, got {value!r}")
+        ends.append(None if end is None else int(end))
+    return ends
+
+
 class Loader:
     """Batches of (inputs, targets) from variables of a Zarr group; see the module docstring.
 
@@ -160,6 +178,11 @@ class Loader:
     ``ZFEED_GDS`` environment variable, else "auto". ``stats()["device"]["read"]`` says which
     and why. Chunks read into GPU memory are checked on the GPU before nvCOMP sees them, by the
     same code as the host's check.
+    ``time_range``: the part of the time axis the loader uses, ``(start, stop)``, ``slice(start,
+    stop)`` or ``range(start, stop)`` as Python slices take them (None for an end of the axis,
+    negative from the end): every sample's inputs (history included) and targets lie in
+    ``[start, stop)``, so a training loader on ``(None, split)`` and a validation loader on
+    ``(split, None)`` share no time step.
     ``drop_last``: True drops the remainder of the epoch that does not divide evenly among the
     ranks and the last incomplete batch; False pads every rank to the same count by repeating the
     epoch's first samples (as PyTorch's DistributedSampler does) and keeps the last, smaller batch.
@@ -172,7 +195,7 @@ class Loader:
                  random_crop: Sequence[int] | None = None, dtype: str = "float32", order: str = "auto",
                  window: int = 0, cache_bytes: int | None = None, stacked: str = "data",
                  device: str = "cpu", framework: str = "torch", device_buffers: int = 3, decode: str = "cpu",
-                 gds: str | None = None):
+                 gds: str | None = None, time_range=None):
         if decode not in ("cpu", "gpu", "auto"):
             raise _core.ZarrError(f"loader: decode must be 'cpu', 'gpu' or 'auto', got {decode!r}")
         if gds not in (None, "auto", "on", "off"):
@@ -220,6 +243,7 @@ class Loader:
             "window": int(window),
             "cache_bytes": int(cache_bytes) if cache_bytes is not None else None,
             "stacked": str(stacked),
+            "time_range": _time_range(time_range),
         }
         for name in ("lead", "history", "batch_size", "seed", "rank", "world_size", "prefetch", "epoch", "window"):
             if spec[name] < 0:

@@ -5,8 +5,9 @@ downloaded, ``decoder_attention_type="scse"`` as the hackathon) maps the input f
 the target fields at t + lead (normalized with each array's ``zfeed_stats``); loss MSE or the
 hackathon's RMSE + 0.1 * |std(pred) - std(target)|; AdamW.
 
-Train/validation split by time: the last ``--val-fraction`` of the time axis is held out. zfeed.Loader
-has no time range, so the training Loader runs over every sample time and each batch keeps only
+Train/validation split by time: the last ``--val-fraction`` of the time axis is held out. This recipe
+predates zfeed.Loader's ``time_range`` (moving to it changes the batches, so the README's figures would
+be measured again): the training Loader runs over every sample time and each batch keeps only
 the samples whose inputs *and* targets lie before the split (``t + lead < split``); the held-out
 samples it reads are dropped (their reads, about ``--val-fraction`` of the total, are the price).
 Batches are then at most ``--batch-size`` samples. Validation reads the held-out times straight

@@ -170,6 +170,17 @@ LoaderSpec LoaderSpec::from_json(std::shared_ptr<Store> store, const Json& json)
   uint_field("window", spec.window);
   if (json.contains("cache_bytes") && !json["cache_bytes"].is_null())
     spec.cache_bytes = json_to_uint64(json["cache_bytes"], "loader: cache_bytes");
+  if (json.contains("time_range") && !json["time_range"].is_null()) {
+    const Json& range = json["time_range"];
+    if (!range.is_array() || range.size() != 2)
+      throw Error("loader: time_range is [start, stop] (either may be null), got " + range.dump());
+    for (size_t end = 0; end < 2; ++end) {
+      if (range[end].is_null()) continue;
+      if (!range[end].is_number_integer())
+        throw Error("loader: time_range is [start, stop] of integers, got " + range.dump());
+      spec.time_range[end] = range[end].get<int64_t>();
+    }
+  }
   if (json.contains("random_crop") && !json["random_crop"].is_null()) {
     const Json& size = json["random_crop"];
     if (!size.is_array() || size.size() != 2)
@@ -544,11 +555,7 @@ Loader::Loader(LoaderSpec spec) : spec_(std::move(spec)), shared_(std::make_shar
     lat_ = h;
     lon_ = w;
   }
-  if (time_extent_ < spec_.history + spec_.lead) {
-    throw Error("loader: no valid samples: " + std::to_string(time_extent_) +
-                " time steps with history " + std::to_string(spec_.history) + " and lead " +
-                std::to_string(spec_.lead));
-  }
+  resolve_time_range();
 
   // Which arrays go through the decoded-chunk cache, and the time chunking that sets the order:
   // that of the cached arrays, or with order "chunks" of every array.
@@ -602,7 +609,7 @@ Loader::Loader(LoaderSpec spec) : spec_(std::move(spec)), shared_(std::make_shar
       spec_.shuffle && (spec_.order == "chunks" || (spec_.order == "auto" && time_chunk > 1));
 
   SamplerOptions options;
-  options.num_samples = time_extent_ - spec_.history - spec_.lead + 1;
+  options.num_samples = time_stop_ - time_start_ - spec_.history - spec_.lead + 1;
   options.batch_size = spec_.batch_size;
   options.shuffle = spec_.shuffle;
   options.seed = spec_.seed;
@@ -615,7 +622,7 @@ Loader::Loader(LoaderSpec spec) : spec_(std::move(spec)), shared_(std::make_shar
                  ? spec_.window
                  : std::max<uint64_t>(2, (spec_.batch_size + time_chunk - 1) / time_chunk);
     options.group_size = time_chunk;
-    options.group_offset = spec_.history - 1;
+    options.group_offset = time_start_ + spec_.history - 1;  // groups are time chunks
     options.window = window;
   }
   sampler_ = Sampler(options);
@@ -632,7 +639,7 @@ Loader::Loader(LoaderSpec spec) : spec_(std::move(spec)), shared_(std::make_shar
   // How many batches a decoded chunk stays cached: each batch brings about batch_size / time_chunk
   // new time chunks, and the window under way holds `window` of the budget's.
   const uint64_t cached_rows = chunk_row_bytes > 0 ? budget / chunk_row_bytes : 0;
-  if (cached_rows * time_chunk >= time_extent_) {
+  if (cached_rows * time_chunk >= time_stop_ - time_start_) {
     horizon_batches_ = UINT64_MAX;  // everything fits
   } else {
     horizon_batches_ = std::max<uint64_t>(
@@ -1424,6 +1431,34 @@ void Loader::begin_iteration() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Time range
+
+void Loader::resolve_time_range() {
+  const auto extent = static_cast<int64_t>(time_extent_);
+  // As Python's slice.indices with step 1: negative ends count from the end, then clamp.
+  auto resolve = [&](const std::optional<int64_t>& end, int64_t otherwise) {
+    if (!end) return otherwise;
+    const int64_t at = *end < 0 ? *end + extent : *end;
+    return std::clamp<int64_t>(at, 0, extent);
+  };
+  const int64_t start = resolve(spec_.time_range[0], 0);
+  const int64_t stop = std::max(start, resolve(spec_.time_range[1], extent));
+  time_start_ = static_cast<uint64_t>(start);
+  time_stop_ = static_cast<uint64_t>(stop);
+  if (time_stop_ - time_start_ < spec_.history + spec_.lead) {
+    const bool ranged = spec_.time_range[0] || spec_.time_range[1];
+    throw Error("loader: no valid samples: " +
+                (ranged ? "time_range [" + std::to_string(start) + ", " + std::to_string(stop) +
+                              ") holds " + std::to_string(stop - start) + " of the " +
+                              std::to_string(extent) + " time steps"
+                        : std::to_string(extent) + " time steps") +
+                " with history " + std::to_string(spec_.history) + " and lead " +
+                std::to_string(spec_.lead) + " (a sample spans history + lead = " +
+                std::to_string(spec_.history + spec_.lead) + ")");
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 // State
 
 Json Loader::state() const {
@@ -1438,6 +1473,7 @@ Json Loader::state() const {
               {"batch_size", o.batch_size},
               {"drop_last", o.drop_last},
               {"num_samples", o.num_samples},
+              {"time_start", time_start_},
               {"group_size", o.group_size},
               {"window", o.window}};
 }
@@ -1459,6 +1495,7 @@ void Loader::restore(const Json& state) {
     }
   };
   expect("num_samples", options.num_samples);
+  if (state.contains("time_start")) expect("time_start", time_start_);  // absent in older states
   expect("batch_size", options.batch_size);
   expect("rank", options.rank);
   expect("world_size", options.world_size);

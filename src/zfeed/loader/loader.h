@@ -64,6 +64,10 @@ struct LoaderSpec {
   std::vector<VariableSpec> targets;
   uint64_t lead = 1;     // targets at t + lead (0 allowed)
   uint64_t history = 1;  // input time steps
+  // The part of the time axis the loader sees, [start, stop) as a Python slice takes them (either
+  // absent: that end of the axis; negative: from the end): every sample's inputs and targets lie
+  // in it, so a training and a validation loader over two ranges share no time step.
+  std::array<std::optional<int64_t>, 2> time_range{};
   std::optional<Crop> crop;
   // A random window of this size per sample (drawn from (seed, epoch, sample time), so resumes
   // repeat it); the inputs and targets of a sample share it. Excludes `crop`.
@@ -112,7 +116,8 @@ struct LoaderSpec {
   std::function<bool(const zarr::Array&)> locatable;
 
   // From JSON: {"path", "inputs": [{"name", "levels", "mean", "std"} | "name", ...], "targets",
-  // "lead", "history", "crop": [lat_start, lat_size, lon_start, lon_size],
+  // "lead", "history", "time_range": [start | null, stop | null],
+  // "crop": [lat_start, lat_size, lon_start, lon_size],
   // "random_crop": [lat_size, lon_size], "dtype", "stacked", "order", "window", "cache_bytes",
   // "batch_size", "shuffle", "seed", "rank", "world_size", "drop_last", "normalize", "prefetch",
   // "epoch"}.
@@ -255,7 +260,7 @@ class Loader {
   // consumer keeping batches adds to it). The chunk files it maps are the page cache's pages.
   uint64_t memory_bound() const;
   // The sample time of dataset sample `index` (the latest input time step).
-  uint64_t sample_time(uint64_t index) const { return spec_.history - 1 + index; }
+  uint64_t sample_time(uint64_t index) const { return time_start_ + spec_.history - 1 + index; }
 
   // The crop origin (lat_start, lon_start) of the sample at `time` in `epoch`.
   std::array<uint64_t, 2> crop_origin(uint64_t epoch, uint64_t time) const;
@@ -319,6 +324,8 @@ class Loader {
     return chunk[0] * (chunk.size() == 4 ? chunk[1] : 1);
   }
   ChunkKey chunk_key(const Piece& piece, uint64_t y, uint64_t x) const;
+  // time_start_ and time_stop_ from spec_.time_range; an error where no sample fits in them.
+  void resolve_time_range();
   void assemble_batch(uint64_t epoch, std::optional<uint64_t> batch,
                       std::span<const uint64_t> times, void* inputs, void* targets,
                       BatchMemory* memory);
@@ -348,6 +355,7 @@ class Loader {
   std::atomic<bool> locate_enabled_{false};
   std::string pass_reason_;
   uint64_t time_extent_ = 0, lat_ = 0, lon_ = 0, lat_start_ = 0, lon_start_ = 0;
+  uint64_t time_start_ = 0, time_stop_ = 0;  // spec_.time_range resolved against time_extent_
   uint64_t full_lat_ = 0, full_lon_ = 0;
   bool labels_ = false;
   ChunkCache cache_{0};

@@ -408,6 +408,78 @@ TEST(Loader, ChunksOfSeveralStepsAreDecodedOncePerEpochAndEqualDirectReads) {
   while (auto batch = random.next()) check_batch(store, random, *batch);
 }
 
+// A time range: every sample's inputs (history included) and targets lie in it, each sample once
+// per epoch, in both orders; resumes within it; ranges as Python slices take them.
+TEST(Loader, TimeRangeKeepsEverySampleInside) {
+  for (uint64_t time_chunk : {1ull, 5ull}) {
+    auto store = make_store(time_chunk);
+    auto spec = base_spec(store);
+    spec.history = 2;
+    spec.batch_size = 2;
+    spec.drop_last = false;
+    spec.time_range = {3, 11};
+    Loader loader(spec);
+    EXPECT_EQ(loader.order(), time_chunk > 1 ? "chunks" : "random");
+    std::multiset<int64_t> times;
+    while (auto batch = loader.next()) {
+      check_batch(store, loader, *batch);
+      for (uint64_t i = 0; i < batch->size; ++i) times.insert(batch->times()[i]);
+    }
+    // t - 1 >= 3 and t + 1 < 11.
+    EXPECT_EQ(times, (std::multiset<int64_t>{4, 5, 6, 7, 8, 9})) << "time chunk " << time_chunk;
+
+    Loader full(spec);
+    auto all = drain(full);
+    Loader first(spec);
+    ASSERT_TRUE(first.next());
+    const Json state = first.state();
+    EXPECT_EQ(state["time_start"], 3);
+    Loader resumed(spec);
+    resumed.restore(state);
+    auto rest = drain(resumed);
+    ASSERT_EQ(rest.size(), all.size() - 1);
+    for (size_t i = 0; i < rest.size(); ++i) EXPECT_EQ(rest[i], all[i + 1]);
+    // Another range of as many samples is another sample set.
+    auto shifted = spec;
+    shifted.time_range = {4, 12};
+    Loader other(shifted);
+    EXPECT_CONTAINS(error_of([&] { other.restore(state); }), "time_start 3, this loader has 4");
+  }
+  auto store = make_store();
+  auto spec = base_spec(store);
+  spec.drop_last = false;
+  spec.time_range = {std::nullopt, -2};  // [0, 10): t + 1 < 10
+  Loader open_start(spec);
+  std::set<int64_t> times;
+  while (auto batch = open_start.next())
+    for (uint64_t i = 0; i < batch->size; ++i) times.insert(batch->times()[i]);
+  EXPECT_EQ(times, (std::set<int64_t>{0, 1, 2, 3, 4, 5, 6, 7, 8}));
+  spec.time_range = {-3, std::nullopt};  // [9, 12)
+  Loader open_stop(spec);
+  EXPECT_EQ(open_stop.sampler().options().num_samples, 2u);
+  spec.history = 2;
+  spec.time_range = {5, 7};
+  EXPECT_CONTAINS(error_of([&] { Loader{spec}; }),
+                  "no valid samples: time_range [5, 7) holds 2 of the 12 time steps with history 2 "
+                  "and lead 1 (a sample spans history + lead = 3)");
+  spec.time_range = {20, 30};  // clamped to [12, 12)
+  EXPECT_CONTAINS(error_of([&] { Loader{spec}; }), "time_range [12, 12) holds 0 of the 12");
+  EXPECT_CONTAINS(error_of([&] {
+                    LoaderSpec::from_json(store,
+                                          Json::parse(R"({"inputs": ["t2m"], "time_range": [1]})"));
+                  }),
+                  "time_range is [start, stop]");
+  EXPECT_CONTAINS(error_of([&] {
+                    LoaderSpec::from_json(
+                        store, Json::parse(R"({"inputs": ["t2m"], "time_range": [1, 2.5]})"));
+                  }),
+                  "of integers");
+  const LoaderSpec parsed =
+      LoaderSpec::from_json(store, Json::parse(R"({"inputs": ["t2m"], "time_range": [null, -4]})"));
+  EXPECT_FALSE(parsed.time_range[0]);
+  EXPECT_EQ(parsed.time_range[1], -4);
+}
+
 // With a cache smaller than the dataset, a chunk needed as a neighbor (the target step after a
 // chunk's last sample) long before or after its own samples is read plane by plane and not
 // cached, so that every chunk is decoded whole once in the epoch; batches stay exact.
