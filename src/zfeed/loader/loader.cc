@@ -1445,7 +1445,10 @@ void Loader::resolve_time_range() {
   const int64_t stop = std::max(start, resolve(spec_.time_range[1], extent));
   time_start_ = static_cast<uint64_t>(start);
   time_stop_ = static_cast<uint64_t>(stop);
-  if (time_stop_ - time_start_ < spec_.history + spec_.lead) {
+  // history + lead, saturated: huge values from a spec must not wrap around to a small span.
+  const uint64_t span =
+      spec_.lead > UINT64_MAX - spec_.history ? UINT64_MAX : spec_.history + spec_.lead;
+  if (time_stop_ - time_start_ < span) {
     const bool ranged = spec_.time_range[0] || spec_.time_range[1];
     throw Error("loader: no valid samples: " +
                 (ranged ? "time_range [" + std::to_string(start) + ", " + std::to_string(stop) +
@@ -1453,8 +1456,8 @@ void Loader::resolve_time_range() {
                               std::to_string(extent) + " time steps"
                         : std::to_string(extent) + " time steps") +
                 " with history " + std::to_string(spec_.history) + " and lead " +
-                std::to_string(spec_.lead) + " (a sample spans history + lead = " +
-                std::to_string(spec_.history + spec_.lead) + ")");
+                std::to_string(spec_.lead) +
+                " (a sample spans history + lead = " + std::to_string(span) + ")");
   }
 }
 

@@ -462,6 +462,10 @@ TEST(Loader, TimeRangeKeepsEverySampleInside) {
   EXPECT_CONTAINS(error_of([&] { Loader{spec}; }),
                   "no valid samples: time_range [5, 7) holds 2 of the 12 time steps with history 2 "
                   "and lead 1 (a sample spans history + lead = 3)");
+  spec.time_range = {};
+  spec.lead = UINT64_MAX;  // history + lead must not wrap around to 1
+  EXPECT_CONTAINS(error_of([&] { Loader{spec}; }), "no valid samples: 12 time steps");
+  spec.lead = 1;
   spec.time_range = {20, 30};  // clamped to [12, 12)
   EXPECT_CONTAINS(error_of([&] { Loader{spec}; }), "time_range [12, 12) holds 0 of the 12");
   EXPECT_CONTAINS(error_of([&] {
