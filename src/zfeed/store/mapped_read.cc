@@ -2,8 +2,10 @@
 
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <list>
@@ -18,29 +20,128 @@
 namespace zfeed {
 namespace {
 
-// The thread's live mappings, as the SIGBUS handler sees them: a fixed table in thread-local
-// storage, written only by the thread itself (so the handler, which runs on the faulting thread,
-// reads it consistently) and touched before any fault can happen (so reaching it allocates
-// nothing inside the handler).
+// The live mappings of each thread, as the SIGBUS handler sees them: a table per thread in one
+// process-wide array, which the handler scans for the faulting thread's (by its thread id, a
+// system call). The handler touches no thread-local storage: in a library loaded with dlopen (the
+// Python module), a thread's first use of it may allocate, and a SIGBUS that is not ours may come
+// on any thread, in the middle of malloc. A thread claims a table at its first mapped read and
+// gives it back when it ends; only it writes its table's slots (so the handler, which runs on the
+// faulting thread, reads them consistently). Where all tables are taken, reads copy instead.
 constexpr int kSlots = 4;
+constexpr int kThreadTables = 4096;
 struct Slot {
-  uint8_t* begin = nullptr;
-  uint8_t* end = nullptr;
-  volatile sig_atomic_t cut_short = 0;
-  std::atomic<int>* shared_cut_short = nullptr;  // a kept mapping's flag, for its other readers
+  std::atomic<uint8_t*> begin{nullptr};
+  std::atomic<uint8_t*> end{nullptr};
+  std::atomic<int> cut_short{0};
+  std::atomic<std::atomic<int>*> shared_cut_short{nullptr};  // a kept mapping's flag, for its
+                                                             // other readers
 };
-thread_local Slot slots[kSlots];
+struct ThreadTable {
+  std::atomic<pid_t> owner{0};  // the thread id of the thread that claimed it, 0 where free
+  Slot slots[kSlots];
+};
+static_assert(std::atomic<uint8_t*>::is_always_lock_free && std::atomic<int>::is_always_lock_free &&
+                  std::atomic<pid_t>::is_always_lock_free,
+              "the SIGBUS handler needs lock-free atomics");
+ThreadTable thread_tables[kThreadTables];
+std::atomic<int> thread_tables_used{0};  // tables at or past this index were never claimed
+
+pid_t this_thread_id() { return static_cast<pid_t>(::syscall(SYS_gettid)); }
+
+void clear(ThreadTable& table) {
+  for (Slot& slot : table.slots) {
+    slot.begin = nullptr;
+    slot.end = nullptr;
+    slot.shared_cut_short = nullptr;
+    slot.cut_short = 0;
+  }
+}
+
+// This thread's table: claimed at its first mapped read, given back at its end.
+class ThreadTableClaim {
+ public:
+  ~ThreadTableClaim() {
+    if (!table_) return;
+    clear(*table_);
+    table_->owner = 0;
+  }
+  // nullptr where every table is taken.
+  ThreadTable* get() {
+    if (!claimed_) claim();
+    return table_;
+  }
+  ThreadTable* claimed() const { return table_; }
+
+ private:
+  void claim() {
+    claimed_ = true;
+    const pid_t me = this_thread_id();
+    for (int i = 0; i < kThreadTables; ++i) {
+      pid_t free = 0;
+      if (thread_tables[i].owner.load(std::memory_order_relaxed) != 0 ||
+          !thread_tables[i].owner.compare_exchange_strong(free, me))
+        continue;
+      table_ = &thread_tables[i];
+      int used = thread_tables_used.load();
+      while (used < i + 1 && !thread_tables_used.compare_exchange_weak(used, i + 1)) {
+      }
+      return;
+    }
+  }
+  ThreadTable* table_ = nullptr;
+  bool claimed_ = false;
+};
+thread_local ThreadTableClaim thread_table;
+
+// In a forked child only the forking thread lives on, under a new thread id: its table follows
+// it, the other threads' tables are free again.
+void after_fork_in_child() {
+  ThreadTable* mine = thread_table.claimed();
+  const pid_t me = this_thread_id();
+  const int used = thread_tables_used.load();
+  for (int i = 0; i < used; ++i) {
+    if (&thread_tables[i] == mine) {
+      thread_tables[i].owner = me;
+      continue;
+    }
+    clear(thread_tables[i]);
+    thread_tables[i].owner = 0;
+  }
+}
+
+// The index of the thread's slot that its next mapping goes into, -1 where none is free.
+int free_slot() {
+  ThreadTable* table = thread_table.get();
+  if (!table) return -1;
+  for (int s = 0; s < kSlots; ++s)
+    if (table->slots[s].begin.load() == nullptr) return s;
+  return -1;
+}
+
+// A slot free_slot gave this thread.
+Slot& thread_slot(int s) { return thread_table.claimed()->slots[s]; }
+
+// Makes slot `s` seen by the handler: the range goes in last, so that the handler never finds a
+// range with another read's flags.
+void occupy(int s, uint8_t* begin, uint8_t* end, std::atomic<int>* shared_cut_short) {
+  Slot& slot = thread_slot(s);
+  slot.cut_short = 0;
+  slot.shared_cut_short = shared_cut_short;
+  slot.end = end;
+  slot.begin = begin;
+}
+
+void vacate(int s) {
+  Slot& slot = thread_slot(s);
+  slot.begin = nullptr;
+  slot.end = nullptr;
+  slot.shared_cut_short = nullptr;
+}
 
 // Whether the environment variable `name` is "0" (a switch turned off; anything else leaves it on).
 bool turned_off(const char* name) {
   const char* value = std::getenv(name);
   return value && std::strcmp(value, "0") == 0;
-}
-
-int free_slot() {
-  for (int s = 0; s < kSlots; ++s)
-    if (slots[s].begin == nullptr) return s;
-  return -1;
 }
 
 // Where a thread's mappings go: a reserved range of address space (PROT_NONE, no memory behind
@@ -93,23 +194,34 @@ size_t page_bytes = 4096;  // set before the handler is installed
 
 void on_sigbus(int signal, siginfo_t* info, void* context) {
   auto* address = static_cast<uint8_t*>(info->si_addr);
+  const int saved_errno = errno;  // the interrupted code's, which mmap may overwrite
+  ThreadTable* table = nullptr;
   if (info->si_code == BUS_ADRERR) {
-    for (Slot& slot : slots) {
-      if (address < slot.begin || address >= slot.end) continue;
+    const pid_t me = this_thread_id();
+    const int used = thread_tables_used.load();
+    for (int i = 0; i < used && !table; ++i)
+      if (thread_tables[i].owner.load() == me) table = &thread_tables[i];
+  }
+  if (table) {
+    for (Slot& slot : table->slots) {
+      uint8_t* begin = slot.begin.load();
+      if (begin == nullptr || address < begin || address >= slot.end.load()) continue;
       // A page past the file's end: zeros in its place, and the reader is told.
       auto* start =
           reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(address) & ~(page_bytes - 1));
       // A kept mapping is marked before the zeros go in, so that another thread reading the page
       // after them finds the mark when its read ends.
-      if (slot.shared_cut_short) slot.shared_cut_short->store(1);
+      if (std::atomic<int>* shared = slot.shared_cut_short.load()) shared->store(1);
       if (::mmap(start, page_bytes, PROT_READ, MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS, -1, 0) !=
           MAP_FAILED) {
         slot.cut_short = 1;
+        errno = saved_errno;
         return;
       }
       break;
     }
   }
+  errno = saved_errno;
   // Not a mapping of ours: the handler from before takes it.
   if (previous_action.sa_flags & SA_SIGINFO) {
     if (previous_action.sa_sigaction) return previous_action.sa_sigaction(signal, info, context);
@@ -127,6 +239,7 @@ bool install_handler() {
     action.sa_sigaction = on_sigbus;
     action.sa_flags = SA_SIGINFO | SA_ONSTACK;
     sigemptyset(&action.sa_mask);
+    ForkGate::add_fork_handlers([] {}, [] {}, after_fork_in_child);
     return ::sigaction(SIGBUS, &action, &previous_action) == 0;
   }();
   return installed;
@@ -167,10 +280,7 @@ std::optional<MappedRange> MappedRange::map(int fd, uint64_t offset, uint64_t le
 MappedRange::MappedRange(uint8_t* base, size_t mapped, size_t skip, size_t length, int slot,
                          bool in_arena)
     : base_(base), mapped_(mapped), skip_(skip), length_(length), slot_(slot), in_arena_(in_arena) {
-  slots[slot].cut_short = 0;
-  slots[slot].shared_cut_short = nullptr;
-  slots[slot].end = base + mapped;
-  slots[slot].begin = base;
+  occupy(slot, base, base + mapped, nullptr);
 }
 
 MappedRange::MappedRange(MappedRange&& other) noexcept
@@ -183,7 +293,7 @@ MappedRange::MappedRange(MappedRange&& other) noexcept
 
 MappedRange::~MappedRange() {
   if (!base_) return;
-  slots[slot_].begin = slots[slot_].end = nullptr;
+  vacate(slot_);
   if (in_arena_) {
     --arena.live;  // its pages stay mapped, unused, until the arena is reset
   } else {
@@ -191,7 +301,7 @@ MappedRange::~MappedRange() {
   }
 }
 
-bool MappedRange::cut_short() const { return slot_ >= 0 && slots[slot_].cut_short != 0; }
+bool MappedRange::cut_short() const { return slot_ >= 0 && thread_slot(slot_).cut_short != 0; }
 
 // ---------------------------------------------------------------------------------------------
 // Kept mappings of whole files
@@ -208,11 +318,7 @@ std::optional<MappedFileRead> MappedFileRead::begin(std::shared_ptr<MappedFile> 
 MappedFileRead::MappedFileRead(std::shared_ptr<MappedFile> file, uint64_t offset, uint64_t length,
                                int slot)
     : file_(std::move(file)), offset_(offset), length_(length), slot_(slot) {
-  Slot& entry = slots[slot];
-  entry.cut_short = 0;
-  entry.shared_cut_short = &file_->cut_short_;
-  entry.end = file_->base_ + file_->size_;
-  entry.begin = file_->base_;
+  occupy(slot, file_->base_, file_->base_ + file_->size_, &file_->cut_short_);
 }
 
 MappedFileRead::MappedFileRead(MappedFileRead&& other) noexcept
@@ -223,12 +329,11 @@ MappedFileRead::MappedFileRead(MappedFileRead&& other) noexcept
 
 MappedFileRead::~MappedFileRead() {
   if (slot_ < 0) return;
-  slots[slot_].begin = slots[slot_].end = nullptr;
-  slots[slot_].shared_cut_short = nullptr;
+  vacate(slot_);
 }
 
 bool MappedFileRead::cut_short() const {
-  return (slot_ >= 0 && slots[slot_].cut_short != 0) || file_->cut_short();
+  return (slot_ >= 0 && thread_slot(slot_).cut_short != 0) || file_->cut_short();
 }
 
 namespace {
