@@ -109,6 +109,20 @@ def test_resume_is_bit_identical(store, uninterrupted, tmp_path):
         assert torch.equal(tensor, b["model"][name]), name
 
 
+def test_resume_with_another_split_is_refused_naming_the_checkpoint(uninterrupted, tmp_path):
+    """The loader reads the training times only: a checkpoint taken with another --val-fraction
+    holds a sample order of other samples, and resuming it would train on a different epoch."""
+    ckpt = tmp_path / "ckpt.pt"
+    shutil.copy(uninterrupted["dir"] / "ckpt.pt", ckpt)
+    args = list(uninterrupted["args"])
+    args[args.index("--checkpoint") + 1] = str(ckpt)
+    args[args.index("--json") + 1] = str(tmp_path / "other.json")
+    with pytest.raises(SystemExit) as info:
+        run(args + ["--val-fraction", "0.25", "--resume"])
+    message = str(info.value)
+    assert str(ckpt) in message and "loader state does not fit" in message and "num_samples" in message
+
+
 def test_modes_and_baseline_write_json_and_png(store, tmp_path):
     out_json, out_png = tmp_path / "bars.json", tmp_path / "bars.png"
     assert run(["--store", store, "--inputs", "t2m,u500,z500", "--steps", "3", "--warmup", "1", "--no-val",

@@ -109,9 +109,8 @@ def test_two_processes_gradient_lag_larc_disjoint_samples_identical_weights(stor
     """torchrun, 2 processes on gloo: --gradient-lag (its own asynchronous all-reduce, DDP's off by
     no_sync) with LARC. Each rank trains on its own shard of the samples, and the ranks end with the
     same parameters (the lagged all-reduce averages the gradients; without it the ranks diverge) and
-    buffers (made rank 0's at the end). At batch 2 the split leaves some batches with one training
-    sample, which DeepLabv3+'s ASPP BatchNorm cannot take: that rank makes a stand-in step (zero
-    gradients, no times logged) while the other trains."""
+    buffers (made rank 0's at the end). Batches are full (the Loader's time range ends at the split),
+    as DeepLabv3+'s ASPP BatchNorm needs at batch 2."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
     prefix = tmp_path / "times"
     out = tmp_path / "ddp.json"
@@ -134,10 +133,11 @@ def test_two_processes_gradient_lag_larc_disjoint_samples_identical_weights(stor
     for rank in (0, 1):
         for line in filter(None, Path(f"{prefix}.rank{rank}").read_text().split("\n")):
             epoch, _step, *times = (int(x) for x in line.split())
+            assert len(times) == 2, line  # a full batch every step
             steps[rank] += 1
             seen.setdefault((rank, epoch), []).extend(times)
     assert steps == {0: 4, 1: 4}  # both ranks took every step
-    # A stand-in step logs no times; every rank trained on some samples, never on the other's.
+    # Every rank trained, never on the other rank's samples.
     assert all(any(seen.get((rank, e)) for e in (0, 1)) for rank in (0, 1)), seen
     for epoch in {e for (_, e) in seen}:
         a, b = seen.get((0, epoch), []), seen.get((1, epoch), [])

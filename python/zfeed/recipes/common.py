@@ -209,18 +209,13 @@ class Task:
         ``set_epoch``, ``state_dict``, ``load_state_dict``."""
         raise NotImplementedError
 
-    def prepare(self, batch: Any, device: torch.device) -> dict | None:
-        """A source's batch as ``{"inputs", "targets", "times" (or None), "samples", "bytes"}``
-        on ``device``, the samples this step trains on only (None: nothing to train on here)."""
+    def prepare(self, batch: Any, device: torch.device) -> dict:
+        """A source's batch as ``{"inputs", "targets", "times" (or None), "samples", "bytes",
+        "full"}`` on ``device``."""
         raise NotImplementedError
 
     def loss(self, model: torch.nn.Module, batch: dict) -> torch.Tensor:
         raise NotImplementedError
-
-    def empty_loss(self, model: torch.nn.Module, batch: dict) -> torch.Tensor:
-        """A zero loss through every parameter, for a rank that has no sample in a step where
-        others do (DistributedDataParallel needs every rank's backward)."""
-        return self.loss(model, batch) * 0.0
 
     def validate(self, model: torch.nn.Module, dist: Dist) -> dict | None:
         return None
@@ -349,7 +344,12 @@ def train(task: Task, dist: Dist, *, source: str = "zfeed", mode: str = "real", 
         optimizer.load_state_dict(state["optimizer"])
         scaler.load_state_dict(state["scaler"])
         step, epoch = int(state["step"]), int(state["epoch"])
-        loader.load_state_dict(state["loader"][dist.rank])
+        try:
+            loader.load_state_dict(state["loader"][dist.rank])
+        except RuntimeError as error:  # zfeed.ZarrError: another store, split or batch size
+            raise SystemExit(f"{checkpoint}: its loader state does not fit this run ({error}); resume with the "
+                             "options and store it was written with (checkpoints from before the recipes read "
+                             "only the training times, 2026-12-01, cannot resume)") from error
         _set_rng_state(state["rng"][dist.rank])
         result.losses = list(state.get("losses", []))
         if dist.main:
@@ -375,17 +375,11 @@ def train(task: Task, dist: Dist, *, source: str = "zfeed", mode: str = "real", 
         model.train()
         optimizer.zero_grad(set_to_none=True)
         with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
-            loss = task.loss(model, batch) if batch["samples"] else task.empty_loss(model, batch)
+            loss = task.loss(model, batch)
         scaler.scale(loss).backward()
         scaler.step(optimizer)
         scaler.update()
         return float(loss.detach())
-
-    def global_samples(n: int) -> int:
-        if not dist.distributed:
-            return n
-        t = torch.tensor([n], dtype=torch.int64, device=device if device.type == "cuda" else "cpu")
-        return int(dist.all_reduce_sum(t).item())
 
     synthetic: dict | None = None
     flops_done = not count_model_flops or mode == "load-only"
@@ -427,12 +421,9 @@ def train(task: Task, dist: Dist, *, source: str = "zfeed", mode: str = "real", 
             times_file.flush()
         loss_value = None
         if mode != "load-only":
-            total = global_samples(n) if source == "zfeed" else n
-            if total == 0:
-                continue  # no rank has a training sample in this batch: no step anywhere
             if mode == "synthetic" and synthetic is None:
                 if not batch.get("full", True) and skipped_partial < 2 * max(len(loader), 1):
-                    skipped_partial += 1  # keep a full batch in memory, not a split-filtered one
+                    skipped_partial += 1  # keep a full batch in memory, not a short one
                     continue
                 synthetic = batch
             if not flops_done and n:

@@ -5,12 +5,10 @@ downloaded, ``decoder_attention_type="scse"`` as the hackathon) maps the input f
 the target fields at t + lead (normalized with each array's ``zfeed_stats``); loss MSE or the
 hackathon's RMSE + 0.1 * |std(pred) - std(target)|; AdamW.
 
-Train/validation split by time: the last ``--val-fraction`` of the time axis is held out. This recipe
-predates zfeed.Loader's ``time_range`` (moving to it changes the batches, so the README's figures would
-be measured again): the training Loader runs over every sample time and each batch keeps only
-the samples whose inputs *and* targets lie before the split (``t + lead < split``); the held-out
-samples it reads are dropped (their reads, about ``--val-fraction`` of the total, are the price).
-Batches are then at most ``--batch-size`` samples. Validation reads the held-out times straight
+Train/validation split by time: the last ``--val-fraction`` of the time axis is held out. The
+training Loader reads only the times before the split (``time_range=(None, split)``: every sample's
+inputs and targets, ``t - history + 1 .. t + lead``, lie before it), so its batches are full and no
+held-out time is read for training. Validation reads the held-out times straight
 from the arrays (``zfeed.open``), normalizes them the same way, and reports per variable, in
 physical units, the RMSE of the model and of persistence (x_t predicting x_{t+lead}) and their
 ratio (below 1: the model beats persistence).
@@ -295,7 +293,7 @@ class ForecastTask(Task):
 
             return zfeed.Loader(self.store, inputs=self.inputs, targets=self.targets, lead=self.lead,
                                 history=self.history, batch_size=a.batch_size, seed=a.seed, normalize=self.stats, drop_last=True,
-                                epoch=epoch, device=zfeed_device(dist))
+                                epoch=epoch, device=zfeed_device(dist), time_range=(None, self.split))
         from ..baseline import make_baseline_loader
 
         if self.targets != self.inputs:
@@ -315,15 +313,6 @@ class ForecastTask(Task):
             tensors = to_torch(raw)
             x, y, times = tensors["inputs"], tensors["targets"], np.asarray(raw["times"])
             full = len(times) == self.args.batch_size
-            keep = times + self.lead < self.split
-            if not keep.all():
-                if keep.any():
-                    index = torch.from_numpy(np.flatnonzero(keep)).to(x.device)
-                    x, y, times = x.index_select(0, index), y.index_select(0, index), times[keep]
-                    full = False
-                else:  # a stand-in for DDP's collective backward; it carries no weight
-                    return {"inputs": x[:1].to(device), "targets": y[:1].to(device), "times": times[:0],
-                            "samples": 0, "bytes": 0, "full": False}
         else:  # baseline (x, y)
             x, y = raw
             times = None

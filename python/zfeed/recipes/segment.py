@@ -20,8 +20,8 @@ resume exactly; the last step's gradients are left unapplied at the end of a run
 ``--amp bf16|fp16`` (fp16 with loss scaling), ``--channels-last`` (parameters and inputs NHWC).
 
 Train/validation split by time, as the forecast recipe: the last ``--val-fraction`` of the times is
-held out; the training Loader runs over all times and each batch keeps only the samples before the
-split. Validation reads the held-out times from the arrays, shards them by rank, accumulates a
+held out; the training Loader reads only the times before the split (``time_range=(None, split)``).
+Validation reads the held-out times from the arrays, shards them by rank, accumulates a
 confusion matrix, all-reduces it and reports the IoU per class and the mean IoU, next to those of a
 predictor of background everywhere (IoU 0 for cyclones and rivers).
 
@@ -145,9 +145,8 @@ class SegmentTask(Task):
         self.weights = class_weights(self.frequencies, exponent=args.weights_exponent, normalize=normalize)
         self._device_weights: torch.Tensor | None = None
         # DeepLabv3+'s ASPP pools the image to 1 x 1 before a BatchNorm, which needs 2 samples in
-        # training: a batch left with 1 training sample by the split is skipped (a stand-in step)
-        self.min_samples = 2 if args.model == "deeplabv3plus" else 1
-        if args.batch_size < self.min_samples:
+        # training (the Loader's batches are full: drop_last, and the time range holds no held-out time)
+        if args.model == "deeplabv3plus" and args.batch_size < 2:
             raise SystemExit("segment: deeplabv3plus needs --batch-size 2 or more (its ASPP image pooling "
                              "has a BatchNorm over the batch)")
         self.lag: LaggedOptimizer | None = None
@@ -193,7 +192,8 @@ class SegmentTask(Task):
         import zfeed
 
         return zfeed.Loader(self.store, inputs=self.inputs, targets=[self.labels], lead=0, batch_size=a.batch_size,
-                            seed=a.seed, normalize=self.stats, drop_last=True, epoch=epoch, device=zfeed_device(dist))
+                            seed=a.seed, normalize=self.stats, drop_last=True, epoch=epoch, device=zfeed_device(dist),
+                            time_range=(None, self.split))
 
     def prepare(self, raw: Any, device: torch.device) -> dict:
         from ..torch import to_torch
@@ -201,16 +201,6 @@ class SegmentTask(Task):
         tensors = to_torch(raw)
         x, y, times = tensors["inputs"], tensors["targets"], np.asarray(raw["times"])
         full = len(times) == self.args.batch_size
-        keep = times < self.split
-        if not keep.all():
-            if int(keep.sum()) >= self.min_samples:
-                index = torch.from_numpy(np.flatnonzero(keep)).to(x.device)
-                x, y, times = x.index_select(0, index), y.index_select(0, index), times[keep]
-                full = False
-            else:  # a stand-in for DDP's collective backward; it carries no weight
-                n = self.min_samples
-                return {"inputs": self._to(x[:n], device), "targets": y[:n].to(device), "times": times[:0],
-                        "samples": 0, "bytes": 0, "full": False}
         return {"inputs": self._to(x, device), "targets": y.to(device, non_blocking=device.type == "cuda"),
                 "times": times, "samples": int(x.shape[0]), "bytes": int(x.nbytes + y.nbytes), "full": full}
 
