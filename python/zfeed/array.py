@@ -371,15 +371,13 @@ class _OrthogonalIndexer:
 
     def __getitem__(self, key) -> np.ndarray:
         selection = self._selection(key)
-        values = _selection.read_orthogonal(self._array, selection)
-        result = values.reshape([c for d, c in enumerate(values.shape) if d not in selection.dropped])
+        result = _selection.read_orthogonal(self._array, selection).reshape(selection.result_shape)
         return result[()] if result.ndim == 0 else result
 
     def __setitem__(self, key, value) -> None:
         selection = self._selection(key)
-        values = self._array._cast_for_write(value)
-        shape = [c for d, c in enumerate(selection.counts) if d not in selection.dropped]
-        _selection.write_orthogonal(self._array, selection, np.broadcast_to(values, shape).reshape(selection.counts))
+        values = np.broadcast_to(self._array._cast_for_write(value), selection.result_shape)
+        _selection.write_orthogonal(self._array, selection, values.reshape(selection.counts))
 
 
 class _PointsIndexer:
@@ -416,14 +414,7 @@ def _numpy_layout(selection: _selection.Orthogonal, values: np.ndarray) -> np.nd
     integer axes dropped, the array's own shape in place of its axis, and that moved to the front
     where integers and the array are not side by side (NumPy treats integers beside an array as
     indices broadcast with it)."""
-    (axis,) = selection.arrays
-    shape: list[int] = []
-    for d, count in enumerate(values.shape):
-        if d == axis:
-            shape.extend(selection.array_shapes[axis])
-        elif d not in selection.dropped:
-            shape.append(count)
-    values = values.reshape(shape)
+    values = values.reshape(_numpy_shape(selection))
     moved = _moved_axes(selection)
     if moved:
         values = np.moveaxis(values, moved[0], moved[1])
@@ -432,6 +423,17 @@ def _numpy_layout(selection: _selection.Orthogonal, values: np.ndarray) -> np.nd
 
 def _from_numpy_layout(selection: _selection.Orthogonal, values: np.ndarray) -> np.ndarray:
     """Values to write, broadcast to NumPy's layout of the selection, in `counts` order."""
+    shape = _numpy_shape(selection)
+    moved = _moved_axes(selection)
+    if moved:
+        moved_shape = np.moveaxis(np.empty(shape, dtype=np.bool_), moved[0], moved[1]).shape
+        values = np.moveaxis(np.broadcast_to(values, moved_shape), moved[1], moved[0])
+    return np.broadcast_to(values, shape).reshape(selection.counts)
+
+
+def _numpy_shape(selection: _selection.Orthogonal) -> list[int]:
+    """The `counts` of a selection with one index array, integer axes dropped and the array's own
+    shape in place of its axis (before NumPy moves that to the front, _moved_axes)."""
     (axis,) = selection.arrays
     shape: list[int] = []
     for d, count in enumerate(selection.counts):
@@ -439,11 +441,7 @@ def _from_numpy_layout(selection: _selection.Orthogonal, values: np.ndarray) -> 
             shape.extend(selection.array_shapes[axis])
         elif d not in selection.dropped:
             shape.append(count)
-    moved = _moved_axes(selection)
-    if moved:
-        moved_shape = np.moveaxis(np.empty(shape, dtype=np.bool_), moved[0], moved[1]).shape
-        values = np.moveaxis(np.broadcast_to(values, moved_shape), moved[1], moved[0])
-    return np.broadcast_to(values, shape).reshape(selection.counts)
+    return shape
 
 
 def _moved_axes(selection: _selection.Orthogonal) -> tuple[list[int], list[int]] | None:
