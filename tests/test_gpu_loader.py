@@ -211,6 +211,21 @@ def test_gpu_decoded_batches_equal_the_cpu_loaders(tmp_path, compressor, dtype):
 
 
 @needs_gpu
+@pytest.mark.parametrize("decode", ["cpu", "gpu"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_fill_nan_on_the_gpu_equals_the_cpu_loader(store, decode, dtype):
+    args = dict(inputs=NAMES, targets=NAMES, batch_size=4, seed=1, dtype=dtype, drop_last=False, fill_nan=-1.5)
+    cpu = zfeed.Loader(store, **args)
+    gpu = zfeed.Loader(store, device="cuda", decode=decode, **args)
+    filled = 0
+    for want, got in zip(cpu, gpu, strict=True):
+        np.testing.assert_array_equal(bits(torch_to_numpy(got["inputs"])), bits(want["inputs"]))
+        np.testing.assert_array_equal(bits(torch_to_numpy(got["targets"])), bits(want["targets"]))
+        filled += int((want["times"] == 3).sum())  # t2m[3] holds a NaN
+    assert filled == 1
+
+
+@needs_gpu
 def test_inner_chunks_of_shards_decode_on_the_gpu(tmp_path):
     path = make_codec_store(tmp_path / "sharded.zarr", "zstd:3", shards=(8, LAT, LON))
     args = dict(inputs=NAMES, targets=NAMES, batch_size=4, seed=3, drop_last=False)

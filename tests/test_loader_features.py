@@ -201,6 +201,38 @@ def test_torch_dataset_yields_tensors_and_workers_split_the_epoch(stores):
     assert sorted(set(times)) == list(range(T - 1))
 
 
+@pytest.mark.parametrize("fill", [0.0, -3.5])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_fill_nan_replaces_missing_values_after_normalizing(tmp_path, fill, dtype):
+    """Sea surface temperature over land is NaN: fill_nan makes it a number, in normalized units."""
+    rng = np.random.default_rng(5)
+    sst = (288.0 + 4.0 * rng.standard_normal((T, LAT, LON))).astype("float32")
+    land = rng.random((LAT, LON)) < 0.3
+    sst[:, land] = np.nan
+    root = zfeed.create_group(tmp_path / "ocean.zarr")
+    for name, chunks in (("sst", (1, LAT, LON)), ("sst10", (10, LAT, LON))):
+        root.create_array(name, shape=sst.shape, chunks=chunks, dtype="float32", compressor="zstd:3", data=sst,
+                          dimension_names=["time", "latitude", "longitude"],
+                          attributes={"zfeed_stats": {"mean": 288.0, "std": 4.0}})
+    want = np.where(np.isnan(sst), np.float32(fill), (sst - np.float32(288.0)) / np.float32(4.0))
+    if dtype == "bfloat16":
+        want = want.astype(ml_dtypes.bfloat16)
+    for name in ("sst", "sst10"):
+        loader = zfeed.Loader(tmp_path / "ocean.zarr", inputs=[name], targets=[name], batch_size=4, dtype=dtype,
+                              fill_nan=fill)
+        for batch in loader:
+            assert not np.isnan(batch["inputs"].astype("float32")).any()
+            for i, t in enumerate(batch["times"]):
+                np.testing.assert_array_equal(batch["inputs"][i, 0], want[int(t)])
+                np.testing.assert_array_equal(batch["targets"][i, 0], want[int(t) + 1])
+    # Without it the NaNs stay.
+    batch = next(iter(zfeed.Loader(tmp_path / "ocean.zarr", inputs=["sst"], batch_size=4)))
+    assert np.isnan(batch["inputs"][:, 0, land]).all()
+    for bad in (float("nan"), float("inf"), "zero", True):
+        with pytest.raises(zfeed.ZarrError, match="fill_nan must be a finite number or None"):
+            zfeed.Loader(tmp_path / "ocean.zarr", inputs=["sst"], fill_nan=bad)
+
+
 def _child_batches(loader, queue):
     queue.put([b["times"].tolist() + b["inputs"].ravel()[:5].tolist() for b in loader])
 

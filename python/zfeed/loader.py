@@ -144,6 +144,15 @@ def _time_range(value) -> list | None:
     return ends
 
 
+def _fill_nan(value) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
+            or not np.isfinite(value):
+        raise _core.ZarrError(f"loader: fill_nan must be a finite number or None, got {value!r}")
+    return float(value)
+
+
 class Loader:
     """Batches of (inputs, targets) from variables of a Zarr group; see the module docstring.
 
@@ -183,6 +192,10 @@ class Loader:
     negative from the end): every sample's inputs (history included) and targets lie in
     ``[start, stop)``, so a training loader on ``(None, split)`` and a validation loader on
     ``(split, None)`` share no time step.
+    ``fill_nan``: NaN values (missing data, as sea surface temperature over land) become this
+    number in the batches, after normalization (so 0.0 is the channel's mean); None (the default)
+    leaves them NaN. Label targets are not affected (a NaN label is already -100, PyTorch's
+    ignore_index).
     ``drop_last``: True drops the remainder of the epoch that does not divide evenly among the
     ranks and the last incomplete batch; False pads every rank to the same count by repeating the
     epoch's first samples (as PyTorch's DistributedSampler does) and keeps the last, smaller batch.
@@ -195,7 +208,7 @@ class Loader:
                  random_crop: Sequence[int] | None = None, dtype: str = "float32", order: str = "auto",
                  window: int = 0, cache_bytes: int | None = None, stacked: str = "data",
                  device: str = "cpu", framework: str = "torch", device_buffers: int = 3, decode: str = "cpu",
-                 gds: str | None = None, time_range=None):
+                 gds: str | None = None, time_range=None, fill_nan: float | None = None):
         if decode not in ("cpu", "gpu", "auto"):
             raise _core.ZarrError(f"loader: decode must be 'cpu', 'gpu' or 'auto', got {decode!r}")
         if gds not in (None, "auto", "on", "off"):
@@ -244,6 +257,7 @@ class Loader:
             "cache_bytes": int(cache_bytes) if cache_bytes is not None else None,
             "stacked": str(stacked),
             "time_range": _time_range(time_range),
+            "fill_nan": _fill_nan(fill_nan),
         }
         for name in ("lead", "history", "batch_size", "seed", "rank", "world_size", "prefetch", "epoch", "window"):
             if spec[name] < 0:

@@ -94,9 +94,9 @@ ZFEED_HOST_DEVICE inline float host_nan(float a, float b, float result) {
 // Normalization::apply with the host's NaN results (see host_nan).
 ZFEED_HOST_DEVICE inline float normalize_like_host(const Normalization& n, float value) {
 #if defined(__CUDA_ARCH__)
-  if (!n.enabled) return value;
+  if (!n.enabled) return n.fill(value);
   const float centered = host_nan(value, n.mean, value - n.mean);
-  return host_nan(centered, n.stdev, centered / n.stdev);
+  return n.fill(host_nan(centered, n.stdev, centered / n.stdev));
 #else
   return n.apply(value);
 #endif

@@ -79,14 +79,24 @@ ZFEED_HOST_DEVICE inline uint16_t float_to_bfloat16_bits(float value) {
 }
 
 // One channel's normalization: out = (float(x) - mean) / stdev in float32 (a division, not a
-// multiplication by 1 / stdev, so that the result equals NumPy's (x - mean) / std to the bit).
+// multiplication by 1 / stdev, so that the result equals NumPy's (x - mean) / std to the bit);
+// then, with fill_nan, a NaN (a missing value: sea surface temperature over land) becomes
+// nan_value, in the normalized units (0: the channel's mean).
 struct Normalization {
   bool enabled = false;
   float mean = 0.0f;
   float stdev = 1.0f;
-  ZFEED_HOST_DEVICE float apply(float value) const {
+  bool fill_nan = false;
+  float nan_value = 0.0f;
+  ZFEED_HOST_DEVICE float scale(float value) const {
     return enabled ? (value - mean) / stdev : value;
   }
+  ZFEED_HOST_DEVICE float fill(float value) const {
+    return fill_nan && value != value ? nan_value : value;
+  }
+  ZFEED_HOST_DEVICE float apply(float value) const { return fill(scale(value)); }
+  // Whether apply() changes anything.
+  bool identity() const { return !enabled && !fill_nan; }
 };
 
 // PyTorch's default ignore_index: the label of a missing (NaN) value in a float-stored label array.

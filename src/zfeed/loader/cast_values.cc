@@ -48,11 +48,17 @@ void cast_run(const uint8_t* src, uint8_t* dst, size_t count, Normalization norm
       const int64_t label = static_cast<int64_t>(value);
       std::memcpy(dst + i * kOut, &label, kOut);
     }
-  } else if (normalization.enabled) {
+  } else if (normalization.fill_nan) {
     for (size_t i = 0; i < count; ++i) {
       T value;
       std::memcpy(&value, src + i * sizeof(T), sizeof(T));
       store_value(normalization.apply(to_float(value)), Out, dst + i * kOut);
+    }
+  } else if (normalization.enabled) {
+    for (size_t i = 0; i < count; ++i) {
+      T value;
+      std::memcpy(&value, src + i * sizeof(T), sizeof(T));
+      store_value(normalization.scale(to_float(value)), Out, dst + i * kOut);
     }
   } else {
     for (size_t i = 0; i < count; ++i) {

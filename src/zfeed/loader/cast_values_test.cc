@@ -42,6 +42,42 @@ TEST(StreamValues, EqualsCastValuesAtEveryAlignmentAndSize) {
   }
 }
 
+// fill_nan: NaN (of every source float type, any payload or sign) becomes nan_value after the
+// normalization, in every output type; other values, infinities included, are as without it.
+TEST(CastValues, FillNanReplacesOnlyNaNAfterNormalizing) {
+  const float quiet = std::nanf(""), negative = -std::nanf("1");
+  const float inf = INFINITY;
+  const std::vector<float> values = {270.0f, quiet, 281.5f, negative, inf, -inf, 0.0f, 300.25f};
+  const std::vector<double> doubles(values.begin(), values.end());
+  for (const bool normalized : {true, false}) {
+    const Normalization plain{normalized, 281.5f, 17.25f};
+    Normalization filled = plain;
+    filled.fill_nan = true;
+    filled.nan_value = -3.5f;
+    for (const auto& [source, bytes] : std::vector<std::pair<const char*, const uint8_t*>>{
+             {"float32", reinterpret_cast<const uint8_t*>(values.data())},
+             {"float64", reinterpret_cast<const uint8_t*>(doubles.data())}}) {
+      for (const OutputType out :
+           {OutputType::kFloat32, OutputType::kBFloat16, OutputType::kFloat16}) {
+        const size_t size = output_size(out), n = values.size();
+        std::vector<uint8_t> want(n * size), got(n * size), streamed(n * size), fill(size);
+        cast_values(bytes, DataType::from_name(source), want.data(), out, n, plain);
+        cast_values(bytes, DataType::from_name(source), got.data(), out, n, filled);
+        stream_values(bytes, DataType::from_name(source), streamed.data(), out, n, filled);
+        store_value(-3.5f, out, fill.data());
+        for (size_t i = 0; i < n; ++i) {
+          const uint8_t* expected = std::isnan(values[i]) ? fill.data() : want.data() + i * size;
+          EXPECT_EQ(std::memcmp(got.data() + i * size, expected, size), 0)
+              << source << " -> " << output_name(out) << " value " << i;
+          EXPECT_EQ(std::memcmp(streamed.data() + i * size, expected, size), 0) << i;
+        }
+      }
+    }
+  }
+  EXPECT_TRUE(Normalization{}.identity());
+  EXPECT_FALSE((Normalization{false, 0.0f, 1.0f, true, 0.0f}.identity()));
+}
+
 TEST(StreamValues, IntegerLabelsStayExact) {
   std::vector<int32_t> labels(100000);
   for (size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<int32_t>(i % 3) - 1;

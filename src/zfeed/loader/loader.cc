@@ -155,6 +155,12 @@ LoaderSpec LoaderSpec::from_json(std::shared_ptr<Store> store, const Json& json)
   bool_field("shuffle", spec.shuffle);
   bool_field("drop_last", spec.drop_last);
   bool_field("normalize", spec.normalize);
+  if (json.contains("fill_nan") && !json["fill_nan"].is_null()) {
+    const Json& value = json["fill_nan"];
+    if (!value.is_number() || !std::isfinite(value.get<double>()))
+      throw Error("loader: fill_nan must be a finite number or null, got " + value.dump());
+    spec.fill_nan = static_cast<float>(value.get<double>());
+  }
   auto string_field = [&](const char* name, std::string& field) {
     if (json.contains(name) && !json[name].is_null()) {
       if (!json[name].is_string())
@@ -344,6 +350,9 @@ Loader::Loader(LoaderSpec spec) : spec_(std::move(spec)), shared_(std::make_shar
   if (spec_.order != "auto" && spec_.order != "random" && spec_.order != "chunks") {
     throw Error("loader: order must be auto, random or chunks, got '" + spec_.order + "'");
   }
+  if (spec_.fill_nan && !std::isfinite(*spec_.fill_nan)) {
+    throw Error("loader: fill_nan must be a finite number, got " + std::to_string(*spec_.fill_nan));
+  }
   const std::string where = spec_.store->url() + (spec_.path.empty() ? "" : "/" + spec_.path);
 
   std::vector<std::string> names;  // per array: its path in the group
@@ -495,6 +504,10 @@ Loader::Loader(LoaderSpec spec) : spec_(std::move(spec)), shared_(std::make_shar
             throw Error(what + ": std must be positive and finite, mean finite (got mean " +
                         std::to_string(mean[i]) + ", std " + std::to_string(stdev[i]) + ")");
           }
+        }
+        if (spec_.fill_nan && !label) {
+          channel.fill_nan = true;
+          channel.nan_value = *spec_.fill_nan;
         }
         sources.push_back(Source{a, levels[k], channels.size(), label});
         channels.push_back(channel);
@@ -846,7 +859,7 @@ void Loader::read_direct_piece(const Piece& piece, BatchMemory* memory) {
   const auto start = Clock::now();
   uint64_t decode_end_ns = 0;
   if (type.id == DataTypeId::kFloat32 && piece.out == OutputType::kFloat32 &&
-      !piece.normalization.enabled) {
+      piece.normalization.identity()) {
     array.read(selection, piece.dst);  // raw values: decoded straight into the batch
     decode_end_ns = elapsed_ns(start);
   } else {

@@ -93,6 +93,10 @@ struct LoaderSpec {
   // Normalize with the given statistics, else with the "zfeed_stats" attribute
   // ({"mean": m, "std": s}, numbers or one per level), else leave the channel as it is.
   bool normalize = true;
+  // NaN values (missing data: sea surface temperature over land) become this value in the batch,
+  // after normalization (0: the channel's mean); nullopt leaves them NaN. Labels are not
+  // affected (a NaN label is already kIgnoreLabel).
+  std::optional<float> fill_nan;
   uint64_t prefetch = 2;  // batches kept ready ahead of the consumer (>= 1)
   uint64_t epoch = 0;     // the first epoch
   // The consumer normalizes and casts (the GPU path: cuda::DeviceLoader): batches hold the
@@ -119,8 +123,8 @@ struct LoaderSpec {
   // "lead", "history", "time_range": [start | null, stop | null],
   // "crop": [lat_start, lat_size, lon_start, lon_size],
   // "random_crop": [lat_size, lon_size], "dtype", "stacked", "order", "window", "cache_bytes",
-  // "batch_size", "shuffle", "seed", "rank", "world_size", "drop_last", "normalize", "prefetch",
-  // "epoch"}.
+  // "batch_size", "shuffle", "seed", "rank", "world_size", "drop_last", "normalize", "fill_nan",
+  // "prefetch", "epoch"}.
   static LoaderSpec from_json(std::shared_ptr<Store> store, const Json& json);
 };
 
@@ -132,7 +136,9 @@ struct Channel {
   bool normalized = false;
   float mean = 0.0f;  // out = (float(x) - mean) / std in float32, when normalized
   float std = 1.0f;
-  Normalization normalization() const { return {normalized, mean, std}; }
+  bool fill_nan = false;  // NaN becomes nan_value (after normalization): LoaderSpec::fill_nan
+  float nan_value = 0.0f;
+  Normalization normalization() const { return {normalized, mean, std, fill_nan, nan_value}; }
 };
 
 // A stored chunk handed to the consumer undecoded (LoaderSpec::pass_compressed).

@@ -1050,6 +1050,79 @@ TEST(Loader, IntegerTargetsWithoutStatisticsAreLabels) {
   EXPECT_FALSE(Loader(spec).label_targets());
 }
 
+// fill_nan: the NaNs of a variable (sea surface temperature over land) become the given value
+// after normalization, on each read path (a plane per chunk, chunks of several steps through the
+// cache, uncompressed planes read by range); everything else is as without it.
+TEST(Loader, FillNanReplacesMissingValuesOnEveryReadPath) {
+  struct Layout {
+    uint64_t time_chunk;
+    const char* codecs;
+  };
+  for (const Layout layout :
+       {Layout{1, kZstdCodecs}, Layout{3, kZstdCodecs}, Layout{1, kUncompressed}}) {
+    SCOPED_TRACE("time chunk " + std::to_string(layout.time_chunk) +
+                 (layout.codecs == kUncompressed ? ", uncompressed" : ", zstd"));
+    auto store = make_store(layout.time_chunk, 1, layout.codecs);
+    auto sst = zarr::Array::create(store, "sst",
+                                   meta("float32", {kTimes, kLat, kLon},
+                                        Json{{"zfeed_stats", {{"mean", 290.0}, {"std", 5.0}}}},
+                                        layout.time_chunk, 1, layout.codecs));
+    std::vector<float> values(kTimes * kLat * kLon);
+    size_t missing = 0;
+    for (size_t i = 0; i < values.size(); ++i) {
+      const bool land = (i / kLon + i % kLon + i / (kLat * kLon)) % 5 == 0;
+      values[i] = land ? std::nanf("") : 280.0f + static_cast<float>(i % 17);
+      missing += land;
+    }
+    ASSERT_GT(missing, 0u);
+    sst.write(sst.full_selection(), values.data());
+    for (const bool normalize : {true, false}) {  // without: float32 planes decode in place
+      auto spec = base_spec(store);
+      spec.inputs = {var("sst"), var("t2m")};
+      spec.targets = {var("sst")};
+      spec.fill_nan = -2.0f;
+      spec.normalize = normalize;
+      Loader loader(spec);
+      EXPECT_EQ(loader.input_channels()[0].normalized, normalize);
+      EXPECT_TRUE(loader.input_channels()[0].fill_nan);
+      EXPECT_EQ(loader.input_channels()[0].nan_value, -2.0f);
+      size_t filled = 0;
+      for (int epoch = 0; epoch < 2; ++epoch) {
+        loader.begin_iteration();
+        while (auto batch = loader.next()) {
+          const size_t plane = kLat * kLon;
+          for (uint64_t i = 0; i < batch->size; ++i) {
+            const auto t = static_cast<uint64_t>(batch->times()[i]);
+            auto check = [&](const float* got, const Channel& channel) {
+              auto want = expected_plane(store, channel, t + channel.time_offset);
+              for (size_t k = 0; k < plane; ++k) {
+                if (std::isnan(want[k])) {
+                  want[k] = -2.0f;
+                  ++filled;
+                }
+              }
+              EXPECT_TRUE(same_bits(got, want.data(), plane)) << channel.variable << " time " << t;
+            };
+            for (size_t c = 0; c < 2; ++c)
+              check(batch->inputs() + (i * 2 + c) * plane, loader.input_channels()[c]);
+            check(batch->targets() + i * plane, loader.target_channels()[0]);
+          }
+        }
+      }
+      EXPECT_GT(filled, 0u);
+    }
+  }
+  auto store = make_store();
+  auto spec = base_spec(store);
+  spec.fill_nan = NAN;
+  EXPECT_CONTAINS(error_of([&] { Loader{spec}; }), "fill_nan must be a finite number");
+  EXPECT_EQ(*LoaderSpec::from_json(store, Json::parse(R"({"fill_nan": 1.5})")).fill_nan, 1.5f);
+  EXPECT_FALSE(LoaderSpec::from_json(store, Json::parse(R"({"fill_nan": null})")).fill_nan);
+  EXPECT_CONTAINS(
+      error_of([&] { LoaderSpec::from_json(store, Json::parse(R"({"fill_nan": "zero"})")); }),
+      "fill_nan must be a finite number or null, got \"zero\"");
+}
+
 TEST(Loader, StackedVariablesAreChannelsOfOneArray) {
   auto store = make_memory_store();
   zarr::Group::create(store, "");
