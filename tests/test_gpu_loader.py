@@ -226,6 +226,24 @@ def test_fill_nan_on_the_gpu_equals_the_cpu_loader(store, decode, dtype):
 
 
 @needs_gpu
+@pytest.mark.parametrize("decode", ["cpu", "gpu"])
+def test_static_inputs_on_the_gpu_equal_the_cpu_loader(tmp_path, decode):
+    path = tmp_path / "static.zarr"
+    make_store(path)
+    orog = (1000.0 * np.random.default_rng(4).random((LAT, LON))).astype("float32")
+    zfeed.open(path).create_array("orog", shape=orog.shape, chunks=(LAT, LON), dtype="float32", data=orog,
+                                  compressor="zstd:3", dimension_names=["latitude", "longitude"],
+                                  attributes={"zfeed_stats": {"mean": 500.0, "std": 250.0}})
+    args = dict(inputs=NAMES + ["orog"], targets=NAMES, history=2, batch_size=4, seed=1, dtype="bfloat16")
+    cpu = zfeed.Loader(path, **args)
+    gpu = zfeed.Loader(path, device="cuda", decode=decode, **args)
+    assert cpu.input_shape == gpu.input_shape == (4, 2 * len(NAMES) + 1, LAT, LON)
+    for want, got in zip(cpu, gpu, strict=True):
+        np.testing.assert_array_equal(bits(torch_to_numpy(got["inputs"])), bits(want["inputs"]))
+        np.testing.assert_array_equal(bits(torch_to_numpy(got["targets"])), bits(want["targets"]))
+
+
+@needs_gpu
 def test_inner_chunks_of_shards_decode_on_the_gpu(tmp_path):
     path = make_codec_store(tmp_path / "sharded.zarr", "zstd:3", shards=(8, LAT, LON))
     args = dict(inputs=NAMES, targets=NAMES, batch_size=4, seed=3, drop_last=False)

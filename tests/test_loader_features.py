@@ -17,6 +17,8 @@ import pytest
 
 import zfeed
 
+import zfeed_cli
+
 T, LAT, LON = 60, 12, 20
 NAMES = ["t2m", "u500", "z500"]
 
@@ -231,6 +233,41 @@ def test_fill_nan_replaces_missing_values_after_normalizing(tmp_path, fill, dtyp
     for bad in (float("nan"), float("inf"), "zero", True):
         with pytest.raises(zfeed.ZarrError, match="fill_nan must be a finite number or None"):
             zfeed.Loader(tmp_path / "ocean.zarr", inputs=["sst"], fill_nan=bad)
+
+
+def test_static_inputs_follow_the_history_and_are_cropped_with_the_sample(tmp_path):
+    """A land-sea mask and the orography, dims (lat, lon): one channel each after the history's."""
+    rng = np.random.default_rng(8)
+    root = zfeed.create_group(tmp_path / "era5.zarr")
+    t2m = (280.0 + rng.standard_normal((T, LAT, LON))).astype("float32")
+    root.create_array("t2m", shape=t2m.shape, chunks=(1, LAT, LON), dtype="float32", compressor="zstd:3",
+                      data=t2m, dimension_names=["time", "latitude", "longitude"],
+                      attributes={"zfeed_stats": {"mean": 280.0, "std": 1.0}})
+    lsm = (rng.random((LAT, LON)) < 0.4).astype("uint8")
+    root.create_array("lsm", shape=lsm.shape, chunks=(5, 7), dtype="uint8", compressor="zstd:3", data=lsm,
+                      dimension_names=["latitude", "longitude"])
+    orog = (2000.0 * rng.random((LAT, LON))).astype("float32")
+    root.create_array("orog", shape=orog.shape, chunks=(LAT, LON), dtype="float32", compressor="zstd:3", data=orog,
+                      dimension_names=["latitude", "longitude"])
+    # zfeed stats writes the static field's statistics like any other's.
+    zfeed_cli.run("stats", tmp_path / "era5.zarr", "--variables", "orog")
+    stats = zfeed.open(tmp_path / "era5.zarr")["orog"].attrs["zfeed_stats"]
+    mean, std = np.float32(stats["mean"]), np.float32(stats["std"])
+    loader = zfeed.Loader(tmp_path / "era5.zarr", inputs=["lsm", "t2m", "orog"], targets=["t2m"], history=2,
+                          batch_size=4, random_crop=(6, 9))
+    channels = loader.input_channels
+    assert [(c["variable"], c["static"]) for c in channels] == [
+        ("t2m", False), ("t2m", False), ("lsm", True), ("orog", True)]
+    assert loader.input_shape == (4, 4, 6, 9)
+    for batch in loader:
+        for i, (y, x) in enumerate(batch["crops"]):
+            window = (slice(y, y + 6), slice(x, x + 9))
+            t = int(batch["times"][i])
+            np.testing.assert_array_equal(batch["inputs"][i, 1], (t2m[t] - np.float32(280.0))[window])
+            np.testing.assert_array_equal(batch["inputs"][i, 2], lsm[window].astype("float32"))
+            np.testing.assert_array_equal(batch["inputs"][i, 3], ((orog - mean) / std)[window])
+    with pytest.raises(zfeed.ZarrError, match="dims \\(lat, lon\\) without time: a static field can only be an input"):
+        zfeed.Loader(tmp_path / "era5.zarr", inputs=["t2m"], targets=["orog"])
 
 
 def _child_batches(loader, queue):

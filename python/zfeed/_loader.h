@@ -20,6 +20,8 @@ inline std::string channels_json(const std::vector<zfeed::loader::Channel>& chan
     item["level"] = c.level ? zfeed::Json(*c.level) : zfeed::Json();
     item["mean"] = c.normalized ? zfeed::Json(c.mean) : zfeed::Json();
     item["std"] = c.normalized ? zfeed::Json(c.std) : zfeed::Json();
+    item["static"] = c.is_static;
+    item["fill_nan"] = c.fill_nan ? zfeed::Json(c.nan_value) : zfeed::Json();
     out.push_back(item);
   }
   return out.dump();

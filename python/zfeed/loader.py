@@ -20,7 +20,10 @@ variable (a segmentation mask) makes the targets labels: int64 ``[batch, lat, lo
 normalized. With ``random_crop``, ``crops`` int64 ``[batch, 2]`` gives each sample's window origin.
 
 Variables are arrays of the group, or channels of a stacked array ``data(time, variable, lat,
-lon)`` whose ``variables`` attribute names them (anemoi-datasets' layout).
+lon)`` whose ``variables`` attribute names them (anemoi-datasets' layout). An input with dims
+``(lat, lon)`` (a land-sea mask, the orography) is static: one channel, the same plane for every
+sample (cropped with it), placed after the history's channels (``input_channels`` marks it
+``"static": True``); it is read once, when the loader is made.
 
 Where compressed chunks hold several time steps, the order is chunk-aware (``order="auto"``): the
 epoch visits the time chunks in a shuffled order, ``window`` chunks at a time, shuffling the samples
@@ -348,7 +351,8 @@ class Loader:
 
     @property
     def input_channels(self) -> list[dict]:
-        """Per input channel: variable, level, time_offset, and the mean/std applied (or None)."""
+        """Per input channel: variable, level, time_offset, the mean/std applied (or None), static
+        (a (lat, lon) field, time_offset then meaningless) and fill_nan (or None)."""
         return json.loads(self._core.input_channels_json())
 
     @property

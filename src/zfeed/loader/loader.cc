@@ -8,6 +8,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <exception>
 #include <mutex>
@@ -291,8 +292,9 @@ struct Loader::Piece {
   uint8_t* dst = nullptr;                 // lat_ x lon_ values of `out`
   OutputType out = OutputType::kFloat32;
   Normalization normalization;
-  int64_t compressed = -1;  // its index in BatchMemory::compressed, where handed over compressed
-  bool located = false;     // handed over as a place in a local file, not read
+  int64_t compressed = -1;    // its index in BatchMemory::compressed, where handed over compressed
+  bool located = false;       // handed over as a place in a local file, not read
+  int64_t static_plane = -1;  // a static input's plane: its index in statics_, copied from there
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -414,31 +416,46 @@ Loader::Loader(LoaderSpec spec) : spec_(std::move(spec)), shared_(std::make_shar
     }
   };
 
-  std::optional<size_t> reference;  // the array the others are checked against
+  std::optional<size_t> reference;  // the array the others are checked against (it has time)
+  std::vector<Channel> static_channels;
+  std::vector<size_t> static_arrays;
   auto resolve = [&](const std::vector<VariableSpec>& variables, const char* role,
                      std::vector<Source>& sources, std::vector<Channel>& channels) {
     for (const auto& variable : variables) {
       const auto [a, stacked_channel] = find_variable(variable.name, role);
       const auto& meta = arrays_[a].metadata();
       const std::string what = std::string("loader: ") + role + " variable '" + variable.name + "'";
-      if (meta.rank() != 3 && meta.rank() != 4) {
+      const bool is_static = meta.rank() == 2 && !stacked_channel;
+      if (is_static && std::string_view(role) != "input") {
         throw Error(what + " has shape " + shape_text(meta.shape) +
-                    ": expected dims (time, lat, lon) or (time, level, lat, lon)");
+                    ", dims (lat, lon) without time: a static field can only be an input");
+      }
+      if (meta.rank() != 3 && meta.rank() != 4 && !is_static) {
+        throw Error(what + " has shape " + shape_text(meta.shape) +
+                    ": expected dims (time, lat, lon), (time, level, lat, lon), or (lat, lon) "
+                    "for a static input");
       }
       if (meta.dtype.is_complex())
         throw UnsupportedError(what + " is " + std::string(meta.dtype.name()) +
                                ": complex values cannot be cast to a batch");
-      if (!reference) reference = a;
-      const auto& first = arrays_[*reference].metadata();
-      const size_t r = meta.rank(), r0 = first.rank();
-      if (meta.shape[0] != first.shape[0] || meta.shape[r - 2] != first.shape[r0 - 2] ||
-          meta.shape[r - 1] != first.shape[r0 - 1]) {
-        throw Error(what + " has shape " + shape_text(meta.shape) + " but '" + names[*reference] +
-                    "' has " + shape_text(first.shape) +
-                    ": every variable needs the same time, lat and lon extents");
+      const size_t r = meta.rank();
+      if (!is_static) {  // static fields are checked against the grid once it is known
+        if (!reference) reference = a;
+        const auto& first = arrays_[*reference].metadata();
+        const size_t r0 = first.rank();
+        if (meta.shape[0] != first.shape[0] || meta.shape[r - 2] != first.shape[r0 - 2] ||
+            meta.shape[r - 1] != first.shape[r0 - 1]) {
+          throw Error(what + " has shape " + shape_text(meta.shape) + " but '" + names[*reference] +
+                      "' has " + shape_text(first.shape) +
+                      ": every variable needs the same time, lat and lon extents");
+        }
       }
       std::vector<std::optional<uint64_t>> levels;
-      if (stacked_channel) {
+      if (is_static) {
+        if (!variable.levels.empty())
+          throw Error(what + " is static (dims (lat, lon)) and has no levels to select");
+        levels.push_back(std::nullopt);
+      } else if (stacked_channel) {
         if (!variable.levels.empty())
           throw Error(what + " is a channel of the stacked array '" + spec_.stacked +
                       "' and has no levels to select");
@@ -509,6 +526,12 @@ Loader::Loader(LoaderSpec spec) : spec_(std::move(spec)), shared_(std::make_shar
           channel.fill_nan = true;
           channel.nan_value = *spec_.fill_nan;
         }
+        if (is_static) {
+          channel.is_static = true;
+          static_channels.push_back(channel);
+          static_arrays.push_back(a);
+          continue;
+        }
         sources.push_back(Source{a, levels[k], channels.size(), label});
         channels.push_back(channel);
       }
@@ -524,6 +547,26 @@ Loader::Loader(LoaderSpec spec) : spec_(std::move(spec)), shared_(std::make_shar
     }
   }
   for (auto& channel : target_channels_) channel.time_offset = static_cast<int64_t>(spec_.lead);
+  if (!reference) {
+    throw Error(
+        "loader: no variable has a time dimension: static (lat, lon) inputs go with at least one "
+        "(time, lat, lon) or (time, level, lat, lon) variable");
+  }
+  static_.assign(arrays_.size(), false);
+  for (size_t k = 0; k < static_arrays.size(); ++k) {
+    const auto& meta = arrays_[static_arrays[k]].metadata();
+    const auto& first = arrays_[*reference].metadata();
+    const size_t r0 = first.rank();
+    if (meta.shape[0] != first.shape[r0 - 2] || meta.shape[1] != first.shape[r0 - 1]) {
+      throw Error("loader: input variable '" + static_channels[k].variable + "' has shape " +
+                  shape_text(meta.shape) + " but '" + names[*reference] + "' has " +
+                  shape_text(first.shape) +
+                  ": a static field needs the same lat and lon extents as the others");
+    }
+    static_[static_arrays[k]] = true;
+    statics_.push_back(StaticPlane{static_arrays[k], input_channels_.size(), {}});
+    input_channels_.push_back(static_channels[k]);
+  }
 
   // Label targets come out as int64, one channel.
   size_t label_targets = 0;
@@ -584,6 +627,7 @@ Loader::Loader(LoaderSpec spec) : spec_(std::move(spec)), shared_(std::make_shar
     prefix_readable_[a] = codecs.prefix_saves_work();
     // An uncompressed plane is read by byte range straight into the batch, as cheaply as from a
     // cache: such arrays need neither the cache nor the chunk-aware order.
+    if (static_[a]) continue;  // read once, below
     cached_[a] = planes_per_read_chunk(a) > 1 && !codecs.is_identity();
     any_time_chunk = std::max(any_time_chunk, chunk[0]);
     if (!cached_[a]) continue;
@@ -604,9 +648,9 @@ Loader::Loader(LoaderSpec spec) : spec_(std::move(spec)), shared_(std::make_shar
       const auto& meta = arrays_[a].metadata();
       const auto& chunk = read_chunks_[a];
       const size_t r = chunk.size();
-      passable_[a] = planes_per_read_chunk(a) == 1 && meta.dtype.id == DataTypeId::kFloat32 &&
-                     chunk[r - 2] == meta.shape[r - 2] && chunk[r - 1] == meta.shape[r - 1] &&
-                     spec_.pass_compressed(arrays_[a]);
+      passable_[a] = !static_[a] && planes_per_read_chunk(a) == 1 &&
+                     meta.dtype.id == DataTypeId::kFloat32 && chunk[r - 2] == meta.shape[r - 2] &&
+                     chunk[r - 1] == meta.shape[r - 1] && spec_.pass_compressed(arrays_[a]);
       if (passable_[a]) pass_reason_.clear();
     }
   } else {
@@ -659,6 +703,22 @@ Loader::Loader(LoaderSpec spec) : spec_(std::move(spec)), shared_(std::make_shar
         1, (cached_rows > window ? cached_rows - window : 0) * time_chunk / spec_.batch_size);
   }
 
+  // The static planes, whole, as the batch holds them (normalized unless the consumer does it).
+  for (StaticPlane& plane : statics_) {
+    const zarr::Array& array = arrays_[plane.array];
+    const Channel& channel = input_channels_[plane.channel];
+    const size_t count = full_lat_ * full_lon_;
+    Bytes raw(count * array.metadata().dtype.size());
+    try {
+      array.read(array.full_selection(), raw.data());
+    } catch (const Error&) {
+      rethrow_with_context("loader: static input variable '" + channel.variable + "'");
+    }
+    plane.values.resize(count * output_size(assembled_input_type()));
+    cast_values(raw.data(), array.metadata().dtype, plane.values.data(), assembled_input_type(),
+                count, spec_.defer_normalization ? Normalization{} : channel.normalization());
+  }
+
   auto in = input_shape(), out = target_shape();
   shared_->input_bytes = in[0] * in[1] * in[2] * in[3] * output_size(assembled_input_type());
   shared_->target_bytes = out[0] * out[1] * out[2] * out[3] * output_size(assembled_target_type());
@@ -703,8 +763,10 @@ uint64_t Loader::memory_bound() const {
   // In flight twice: the batch's chunks, and as many spare buffers kept for the next batch.
   // The chunk files read stay mapped (store/mapped_read.h): those are the page cache's pages,
   // not the loader's memory, though the process's resident size counts them (RssFile).
+  uint64_t statics = 0;  // the static planes, whole
+  for (const StaticPlane& plane : statics_) statics += plane.values.size();
   return (spec_.prefetch + 1) * batch + cache_.budget() + 2 * in_flight +
-         ThreadPool::shared().size() * scratch;
+         ThreadPool::shared().size() * scratch + statics;
 }
 
 std::array<uint64_t, 2> Loader::crop_origin(uint64_t epoch, uint64_t time) const {
@@ -778,6 +840,16 @@ void Loader::plan_pieces(uint64_t epoch, std::span<const uint64_t> times, void* 
             input_channels_[c]);
       }
     }
+    for (size_t k = 0; k < statics_.size(); ++k) {
+      Piece piece;
+      piece.array = statics_[k].array;
+      piece.lat_start = origin[0];
+      piece.lon_start = origin[1];
+      piece.dst = inputs + (i * input_channels + statics_[k].channel) * plane * in_size;
+      piece.out = in_type;
+      piece.static_plane = static_cast<int64_t>(k);
+      direct.push_back(piece);
+    }
     for (const auto& source : target_sources_) {
       add(source, times[i] + spec_.lead, origin,
           targets + (i * target_channels + source.channel) * plane * out_size, out_type,
@@ -810,6 +882,20 @@ void Loader::plan_pieces(uint64_t epoch, std::span<const uint64_t> times, void* 
 // compressed, it is only read.
 void Loader::read_direct_piece(const Piece& piece, BatchMemory* memory) {
   const size_t plane = lat_ * lon_;
+  if (piece.static_plane >= 0) {  // the sample's crop of a static plane, ready in the batch's type
+    const auto start = Clock::now();
+    const Bytes& values = statics_[static_cast<size_t>(piece.static_plane)].values;
+    const size_t out_size = output_size(piece.out), row = lon_ * out_size;
+    const uint8_t* src = values.data() + (piece.lat_start * full_lon_ + piece.lon_start) * out_size;
+    if (lon_ == full_lon_) {
+      std::memcpy(piece.dst, src, lat_ * row);
+    } else {
+      for (uint64_t y = 0; y < lat_; ++y)
+        std::memcpy(piece.dst + y * row, src + y * full_lon_ * out_size, row);
+    }
+    shared_->assemble_ns += elapsed_ns(start);
+    return;
+  }
   const zarr::Array& array = arrays_[piece.array];
   const DataType type = array.metadata().dtype;
   if (piece.compressed >= 0) {  // read only: the consumer decodes

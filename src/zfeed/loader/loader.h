@@ -7,10 +7,12 @@
 // order given) and the target variables at t + lead. Variables have dims (time, lat, lon) or
 // (time, level, lat, lon) with a level selection, or are channels of a stacked array
 // data(time, variable, lat, lon) whose "variables" attribute names them (anemoi-datasets' layout);
-// all share the time and grid extents. A batch is two dense buffers, inputs
-// [batch, history * input_channels, lat, lon] and targets [batch, target_channels, lat, lon] (in
-// the spec's dtype; integer target variables are labels: int64, not normalized), plus the sample
-// times and, with random crops, each sample's crop origin.
+// all share the time and grid extents. An input variable with dims (lat, lon) is static (a
+// land-sea mask, the orography): one channel, the same plane for every sample, after the
+// history's channels; it is read once, when the loader is made. A batch is two dense buffers,
+// inputs [batch, history * input_channels, lat, lon] and targets [batch, target_channels, lat, lon]
+// (in the spec's dtype; integer target variables are labels: int64, not normalized), plus the
+// sample times and, with random crops, each sample's crop origin.
 //
 // Planning: for each batch, every (sample, channel, time) becomes a piece: a plane of one array.
 // Arrays whose read chunks hold one plane are read straight into the batch (decoded in place when
@@ -136,7 +138,8 @@ struct Channel {
   bool normalized = false;
   float mean = 0.0f;  // out = (float(x) - mean) / std in float32, when normalized
   float std = 1.0f;
-  bool fill_nan = false;  // NaN becomes nan_value (after normalization): LoaderSpec::fill_nan
+  bool is_static = false;  // a (lat, lon) input: the same plane for every sample
+  bool fill_nan = false;   // NaN becomes nan_value (after normalization): LoaderSpec::fill_nan
   float nan_value = 0.0f;
   Normalization normalization() const { return {normalized, mean, std, fill_nan, nan_value}; }
 };
@@ -262,8 +265,9 @@ class Loader {
   std::string order() const { return sampler_.options().group_size > 1 ? "chunks" : "random"; }
   uint64_t cache_budget() const { return cache_.budget(); }
   // The memory the loader holds at most: the batch buffers (prefetch + 1), the cache budget, one
-  // batch's worth of chunks in flight and the threads' scratch buffers (an estimate; the
-  // consumer keeping batches adds to it). The chunk files it maps are the page cache's pages.
+  // batch's worth of chunks in flight, the static planes and the threads' scratch buffers (an
+  // estimate; the consumer keeping batches adds to it). The chunk files it maps are the page
+  // cache's pages.
   uint64_t memory_bound() const;
   // The sample time of dataset sample `index` (the latest input time step).
   uint64_t sample_time(uint64_t index) const { return time_start_ + spec_.history - 1 + index; }
@@ -353,6 +357,15 @@ class Loader {
   std::vector<Source> input_sources_, target_sources_;
   std::vector<std::vector<uint64_t>> read_chunks_;  // per array: its read chunk shape
   std::vector<Channel> input_channels_, target_channels_;
+  // Static inputs (dims (lat, lon)): the whole plane, read once, in the assembled input type
+  // (normalized unless deferred); each sample copies its crop of it.
+  struct StaticPlane {
+    size_t array = 0;
+    size_t channel = 0;  // in input_channels_
+    Bytes values;
+  };
+  std::vector<StaticPlane> statics_;
+  std::vector<bool> static_;           // per array: a static input
   std::vector<bool> cached_;           // per array: its read chunks hold several planes, compressed
   std::vector<bool> prefix_readable_;  // per array: decoding the start of a chunk costs less
   std::vector<bool> passable_;         // per array: its chunks may be handed over compressed

@@ -1123,6 +1123,97 @@ TEST(Loader, FillNanReplacesMissingValuesOnEveryReadPath) {
       "fill_nan must be a finite number or null, got \"zero\"");
 }
 
+// Static fields (dims (lat, lon): a land-sea mask, the orography) are input channels after the
+// history's, the same plane for every sample, cropped with it; normalized like the others.
+TEST(Loader, StaticInputsAreTheSamePlaneForEverySampleAfterTheHistory) {
+  auto store = make_store();
+  std::vector<uint8_t> mask(kLat * kLon);
+  std::vector<float> height(kLat * kLon);
+  for (size_t i = 0; i < mask.size(); ++i) {
+    mask[i] = static_cast<uint8_t>((i / kLon + 2 * (i % kLon)) % 3 == 0);
+    height[i] = 100.0f * static_cast<float>(i % 11) + 0.25f;
+  }
+  auto lsm = zarr::Array::create(
+      store, "lsm",
+      v3_metadata("uint8", {kLat, kLon}, {4, 4}, Json::parse(kZstdCodecs), Json::object()));
+  lsm.write(lsm.full_selection(), mask.data());
+  auto orog = zarr::Array::create(
+      store, "orog",
+      v3_metadata("float32", {kLat, kLon}, {kLat, kLon}, Json::parse(kZstdCodecs),
+                  Json{{"zfeed_stats", {{"mean", 500.0}, {"std", 300.0}}}}));
+  orog.write(orog.full_selection(), height.data());
+
+  for (const bool deferred : {false, true}) {
+    auto spec = base_spec(store);
+    spec.inputs = {var("lsm"), var("t2m"), var("orog"), var("q")};
+    spec.history = 2;
+    spec.random_crop = std::array<uint64_t, 2>{4, 5};
+    spec.defer_normalization = deferred;
+    Loader loader(spec);
+    const auto& channels = loader.input_channels();
+    ASSERT_EQ(channels.size(), 6u);  // 2 steps x (t2m, q), then lsm and orog once
+    EXPECT_EQ(channels[0].variable, "t2m");
+    EXPECT_EQ(channels[3].variable, "q");
+    EXPECT_EQ(channels[3].time_offset, 0);
+    EXPECT_EQ(channels[4].variable, "lsm");
+    EXPECT_TRUE(channels[4].is_static);
+    EXPECT_FALSE(channels[4].normalized);
+    EXPECT_EQ(channels[5].variable, "orog");
+    EXPECT_TRUE(channels[5].is_static && channels[5].normalized);
+    EXPECT_FALSE(channels[3].is_static);
+    const auto in = loader.input_shape();
+    EXPECT_EQ(in, (std::array<uint64_t, 4>{3, 6, 4, 5}));
+    const size_t plane = in[2] * in[3];
+    uint64_t batches = 0;
+    while (auto batch = loader.next()) {
+      ++batches;
+      for (uint64_t i = 0; i < batch->size; ++i) {
+        const auto y0 = static_cast<uint64_t>(batch->crops()[2 * i]);
+        const auto x0 = static_cast<uint64_t>(batch->crops()[2 * i + 1]);
+        const auto t = static_cast<uint64_t>(batch->times()[i]);
+        const Crop crop{y0, in[2], x0, in[3]};
+        if (!deferred) {  // the time channels as ever
+          auto want = expected_plane(store, channels[1], t + channels[1].time_offset, crop);
+          EXPECT_TRUE(same_bits(batch->inputs() + (i * 6 + 1) * plane, want.data(), plane));
+        }
+        for (size_t y = 0; y < in[2]; ++y) {
+          for (size_t x = 0; x < in[3]; ++x) {
+            const size_t k = (y0 + y) * kLon + x0 + x, at = y * in[3] + x;
+            const float got_mask = batch->inputs()[(i * 6 + 4) * plane + at];
+            const float got_height = batch->inputs()[(i * 6 + 5) * plane + at];
+            ASSERT_EQ(got_mask, static_cast<float>(mask[k])) << "sample " << i;
+            const float want_height = deferred ? height[k] : (height[k] - 500.0f) / 300.0f;
+            ASSERT_EQ(got_height, want_height) << "sample " << i << " at " << y << ", " << x;
+          }
+        }
+      }
+    }
+    EXPECT_EQ(batches, loader.batches_per_epoch());
+    EXPECT_GE(loader.memory_bound(), 2 * kLat * kLon * 4);
+  }
+
+  auto spec = base_spec(store);
+  spec.targets = {var("orog")};
+  EXPECT_CONTAINS(error_of([&] { Loader{spec}; }),
+                  "target variable 'orog' has shape (6, 8), dims (lat, lon) without time: a "
+                  "static field can only be an input");
+  spec = base_spec(store);
+  spec.inputs = {var("orog", {0})};
+  EXPECT_CONTAINS(error_of([&] { Loader{spec}; }), "is static (dims (lat, lon)) and has no levels");
+  spec = base_spec(store);
+  spec.inputs = {var("orog")};
+  spec.targets = {};
+  EXPECT_CONTAINS(error_of([&] { Loader{spec}; }), "no variable has a time dimension");
+  auto wide = zarr::Array::create(store, "wide",
+                                  v3_metadata("float32", {kLat, kLon + 1}, {kLat, 3},
+                                              Json::parse(kZstdCodecs), Json::object()));
+  spec = base_spec(store);
+  spec.inputs = {var("wide"), var("t2m")};
+  EXPECT_CONTAINS(error_of([&] { Loader{spec}; }),
+                  "input variable 'wide' has shape (6, 9) but 't2m' has (12, 6, 8): a static field "
+                  "needs the same lat and lon extents");
+}
+
 TEST(Loader, StackedVariablesAreChannelsOfOneArray) {
   auto store = make_memory_store();
   zarr::Group::create(store, "");
