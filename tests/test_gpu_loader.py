@@ -227,17 +227,19 @@ def test_fill_nan_on_the_gpu_equals_the_cpu_loader(store, decode, dtype):
 
 @needs_gpu
 @pytest.mark.parametrize("decode", ["cpu", "gpu"])
-def test_static_inputs_on_the_gpu_equal_the_cpu_loader(tmp_path, decode):
+def test_static_inputs_and_several_leads_on_the_gpu_equal_the_cpu_loader(tmp_path, decode):
     path = tmp_path / "static.zarr"
     make_store(path)
     orog = (1000.0 * np.random.default_rng(4).random((LAT, LON))).astype("float32")
     zfeed.open(path).create_array("orog", shape=orog.shape, chunks=(LAT, LON), dtype="float32", data=orog,
                                   compressor="zstd:3", dimension_names=["latitude", "longitude"],
                                   attributes={"zfeed_stats": {"mean": 500.0, "std": 250.0}})
-    args = dict(inputs=NAMES + ["orog"], targets=NAMES, history=2, batch_size=4, seed=1, dtype="bfloat16")
+    args = dict(inputs=NAMES + ["orog"], targets=NAMES, history=2, lead=[1, 3], batch_size=4, seed=1,
+                dtype="bfloat16")
     cpu = zfeed.Loader(path, **args)
     gpu = zfeed.Loader(path, device="cuda", decode=decode, **args)
     assert cpu.input_shape == gpu.input_shape == (4, 2 * len(NAMES) + 1, LAT, LON)
+    assert cpu.target_shape == gpu.target_shape == (4, 2 * len(NAMES), LAT, LON)
     for want, got in zip(cpu, gpu, strict=True):
         np.testing.assert_array_equal(bits(torch_to_numpy(got["inputs"])), bits(want["inputs"]))
         np.testing.assert_array_equal(bits(torch_to_numpy(got["targets"])), bits(want["targets"]))

@@ -270,6 +270,27 @@ def test_static_inputs_follow_the_history_and_are_cropped_with_the_sample(tmp_pa
         zfeed.Loader(tmp_path / "era5.zarr", inputs=["t2m"], targets=["orog"])
 
 
+@pytest.mark.parametrize("store", [0, 1], ids=["one-step", "ten-step"])
+def test_several_leads_give_a_rollouts_targets_lead_after_lead(stores, store):
+    path, data = stores[store], stores[2]
+    loader = zfeed.Loader(path, inputs=NAMES, targets=["t2m", "z500"], lead=[1, 2, 4], batch_size=4, seed=2)
+    assert loader.target_shape == (4, 6, LAT, LON)
+    assert [(c["variable"], c["time_offset"]) for c in loader.target_channels] == [
+        ("t2m", 1), ("z500", 1), ("t2m", 2), ("z500", 2), ("t2m", 4), ("z500", 4)]
+    assert len(loader) * 4 == (T - 4) // 4 * 4  # the furthest lead stays inside the time axis
+    for batch in loader:
+        for i, t in enumerate(batch["times"]):
+            t = int(t)
+            for j, lead in enumerate([1, 2, 4]):
+                np.testing.assert_array_equal(batch["targets"][i, 2 * j], normalized(data, "t2m", t + lead, 0))
+                np.testing.assert_array_equal(batch["targets"][i, 2 * j + 1], normalized(data, "z500", t + lead, 2))
+    for bad in ([], [1, -1], "1", [1.5], True):
+        with pytest.raises(zfeed.ZarrError, match="lead"):
+            zfeed.Loader(path, inputs=NAMES, targets=NAMES, lead=bad)
+    with pytest.raises(zfeed.ZarrError, match="lead 2 is given twice"):
+        zfeed.Loader(path, inputs=NAMES, targets=NAMES, lead=[2, 2])
+
+
 def _child_batches(loader, queue):
     queue.put([b["times"].tolist() + b["inputs"].ravel()[:5].tolist() for b in loader])
 

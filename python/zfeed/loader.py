@@ -18,6 +18,7 @@ variables in the order given, each variable's levels in the order given) and the
 ``ml_dtypes.bfloat16``), ``times`` int64 ``[batch]`` (the sample times ``t``). An integer target
 variable (a segmentation mask) makes the targets labels: int64 ``[batch, lat, lon]``, never
 normalized. With ``random_crop``, ``crops`` int64 ``[batch, 2]`` gives each sample's window origin.
+With a list of leads (``lead=[1, 2, 3]``, a rollout) the targets hold each lead's channels in turn.
 
 Variables are arrays of the group, or channels of a stacked array ``data(time, variable, lat,
 lon)`` whose ``variables`` attribute names them (anemoi-datasets' layout). An input with dims
@@ -147,6 +148,17 @@ def _time_range(value) -> list | None:
     return ends
 
 
+def _lead(value) -> int | list[int]:
+    """``lead`` as the spec takes it: a number, or a list of them (targets at each, in turn)."""
+    leads = [value] if isinstance(value, (int, np.integer)) else value
+    if isinstance(value, bool) or not isinstance(leads, (list, tuple, range)) or not leads or \
+            not all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in leads):
+        raise _core.ZarrError(f"loader: lead is an integer or a non-empty list of integers, got {value!r}")
+    if any(x < 0 for x in leads):
+        raise _core.ZarrError(f"loader: lead must not be negative, got {value!r}")
+    return int(value) if isinstance(value, (int, np.integer)) else [int(x) for x in leads]
+
+
 def _fill_nan(value) -> float | None:
     if value is None:
         return None
@@ -195,6 +207,9 @@ class Loader:
     negative from the end): every sample's inputs (history included) and targets lie in
     ``[start, stop)``, so a training loader on ``(None, split)`` and a validation loader on
     ``(split, None)`` share no time step.
+    ``lead``: the target time step ``t + lead``, or a list of leads (a rollout: ``[1, 2, 3]``):
+    the targets' channels at each lead in turn, ``[batch, len(lead) * channels, lat, lon]``; every
+    sample's furthest lead stays inside the time axis (and ``time_range``).
     ``fill_nan``: NaN values (missing data, as sea surface temperature over land) become this
     number in the batches, after normalization (so 0.0 is the channel's mean); None (the default)
     leaves them NaN. Label targets are not affected (a NaN label is already -100, PyTorch's
@@ -204,7 +219,8 @@ class Loader:
     epoch's first samples (as PyTorch's DistributedSampler does) and keeps the last, smaller batch.
     """
 
-    def __init__(self, store, inputs: Sequence, targets: Sequence = (), lead: int = 1, history: int = 1,
+    def __init__(self, store, inputs: Sequence, targets: Sequence = (), lead: int | Sequence[int] = 1,
+                 history: int = 1,
                  batch_size: int = 16, shuffle: bool = True, seed: int = 0, rank: int | None = None,
                  world_size: int | None = None, drop_last: bool = True, normalize: Any = True,
                  prefetch: int = 2, epoch: int = 0, crop: Sequence[int] | None = None, path: str | None = None,
@@ -241,7 +257,7 @@ class Loader:
             "path": group_path,
             "inputs": [_variable(v, "inputs", normalize) for v in inputs],
             "targets": [_variable(v, "targets", normalize) for v in targets],
-            "lead": int(lead),
+            "lead": _lead(lead),
             "history": int(history),
             "batch_size": int(batch_size),
             "shuffle": bool(shuffle),
@@ -262,7 +278,7 @@ class Loader:
             "time_range": _time_range(time_range),
             "fill_nan": _fill_nan(fill_nan),
         }
-        for name in ("lead", "history", "batch_size", "seed", "rank", "world_size", "prefetch", "epoch", "window"):
+        for name in ("history", "batch_size", "seed", "rank", "world_size", "prefetch", "epoch", "window"):
             if spec[name] < 0:
                 raise _core.ZarrError(f"loader: {name} must not be negative, got {spec[name]}")
         if spec["cache_bytes"] is not None and spec["cache_bytes"] < 0:

@@ -145,7 +145,13 @@ LoaderSpec LoaderSpec::from_json(std::shared_ptr<Store> store, const Json& json)
     auto& list = std::string_view(role) == "inputs" ? spec.inputs : spec.targets;
     for (const auto& item : json[role]) list.push_back(parse_variable(item, role));
   }
-  uint_field("lead", spec.lead);
+  if (json.contains("lead") && json["lead"].is_array()) {
+    for (const auto& lead : json["lead"])
+      spec.leads.push_back(json_to_uint64(lead, "loader: lead"));
+    if (spec.leads.empty()) throw Error("loader: lead is a number or a non-empty list, got []");
+  } else {
+    uint_field("lead", spec.lead);
+  }
   uint_field("history", spec.history);
   uint_field("batch_size", spec.batch_size);
   uint_field("seed", spec.seed);
@@ -352,6 +358,14 @@ Loader::Loader(LoaderSpec spec) : spec_(std::move(spec)), shared_(std::make_shar
   if (spec_.order != "auto" && spec_.order != "random" && spec_.order != "chunks") {
     throw Error("loader: order must be auto, random or chunks, got '" + spec_.order + "'");
   }
+  leads_ = spec_.leads.empty() ? std::vector<uint64_t>{spec_.lead} : spec_.leads;
+  for (size_t i = 0; i < leads_.size(); ++i) {
+    if (std::find(leads_.begin(), leads_.begin() + static_cast<ptrdiff_t>(i), leads_[i]) !=
+        leads_.begin() + static_cast<ptrdiff_t>(i)) {
+      throw Error("loader: lead " + std::to_string(leads_[i]) + " is given twice");
+    }
+  }
+  max_lead_ = *std::max_element(leads_.begin(), leads_.end());
   if (spec_.fill_nan && !std::isfinite(*spec_.fill_nan)) {
     throw Error("loader: fill_nan must be a finite number, got " + std::to_string(*spec_.fill_nan));
   }
@@ -546,7 +560,17 @@ Loader::Loader(LoaderSpec spec) : spec_(std::move(spec)), shared_(std::make_shar
       input_channels_.push_back(channel);
     }
   }
-  for (auto& channel : target_channels_) channel.time_offset = static_cast<int64_t>(spec_.lead);
+  // The targets' channels once per lead, lead after lead.
+  {
+    const std::vector<Channel> one_lead = std::move(target_channels_);
+    target_channels_.clear();
+    for (const uint64_t lead : leads_) {
+      for (Channel channel : one_lead) {
+        channel.time_offset = static_cast<int64_t>(lead);
+        target_channels_.push_back(channel);
+      }
+    }
+  }
   if (!reference) {
     throw Error(
         "loader: no variable has a time dimension: static (lat, lon) inputs go with at least one "
@@ -580,6 +604,9 @@ Loader::Loader(LoaderSpec spec) : spec_(std::move(spec)), shared_(std::make_shar
           std::to_string(label_targets) + " are labels");
     }
     labels_ = true;
+    if (leads_.size() > 1) {
+      throw Error("loader: label targets take one lead, got " + std::to_string(leads_.size()));
+    }
   }
 
   const auto& first = arrays_[*reference].metadata();
@@ -666,7 +693,7 @@ Loader::Loader(LoaderSpec spec) : spec_(std::move(spec)), shared_(std::make_shar
       spec_.shuffle && (spec_.order == "chunks" || (spec_.order == "auto" && time_chunk > 1));
 
   SamplerOptions options;
-  options.num_samples = time_stop_ - time_start_ - spec_.history - spec_.lead + 1;
+  options.num_samples = time_stop_ - time_start_ - spec_.history - max_lead_ + 1;
   options.batch_size = spec_.batch_size;
   options.shuffle = spec_.shuffle;
   options.seed = spec_.seed;
@@ -690,7 +717,10 @@ Loader::Loader(LoaderSpec spec) : spec_(std::move(spec)), shared_(std::make_shar
   if (spec_.cache_bytes) {
     budget = *spec_.cache_bytes;
   } else if (options.group_size > 1) {
-    budget = (2 * window + 2) * chunk_row_bytes;
+    // Time chunks a window's samples reach beyond it: back by history - 1, ahead by the lead.
+    const uint64_t reach =
+        std::max<uint64_t>(1, (spec_.history - 1 + max_lead_ + time_chunk - 1) / time_chunk);
+    budget = (2 * window + 1 + reach) * chunk_row_bytes;
   }
   cache_ = ChunkCache(budget);
   // How many batches a decoded chunk stays cached: each batch brings about batch_size / time_chunk
@@ -850,10 +880,12 @@ void Loader::plan_pieces(uint64_t epoch, std::span<const uint64_t> times, void* 
       piece.static_plane = static_cast<int64_t>(k);
       direct.push_back(piece);
     }
-    for (const auto& source : target_sources_) {
-      add(source, times[i] + spec_.lead, origin,
-          targets + (i * target_channels + source.channel) * plane * out_size, out_type,
-          target_channels_[source.channel]);
+    for (size_t l = 0; l < leads_.size(); ++l) {
+      for (const auto& source : target_sources_) {
+        const size_t c = l * target_sources_.size() + source.channel;
+        add(source, times[i] + leads_[l], origin,
+            targets + (i * target_channels + c) * plane * out_size, out_type, target_channels_[c]);
+      }
     }
   }
   // Chunks handed over compressed: their entries, in the order of the pieces.
@@ -1546,7 +1578,7 @@ void Loader::resolve_time_range() {
   time_stop_ = static_cast<uint64_t>(stop);
   // history + lead, saturated: huge values from a spec must not wrap around to a small span.
   const uint64_t span =
-      spec_.lead > UINT64_MAX - spec_.history ? UINT64_MAX : spec_.history + spec_.lead;
+      max_lead_ > UINT64_MAX - spec_.history ? UINT64_MAX : spec_.history + max_lead_;
   if (time_stop_ - time_start_ < span) {
     const bool ranged = spec_.time_range[0] || spec_.time_range[1];
     throw Error("loader: no valid samples: " +
@@ -1555,7 +1587,7 @@ void Loader::resolve_time_range() {
                               std::to_string(extent) + " time steps"
                         : std::to_string(extent) + " time steps") +
                 " with history " + std::to_string(spec_.history) + " and lead " +
-                std::to_string(spec_.lead) +
+                std::to_string(max_lead_) +
                 " (a sample spans history + lead = " + std::to_string(span) + ")");
   }
 }

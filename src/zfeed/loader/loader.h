@@ -64,7 +64,10 @@ struct LoaderSpec {
   std::string path;  // the group holding the variables ("" for the store root)
   std::vector<VariableSpec> inputs;
   std::vector<VariableSpec> targets;
-  uint64_t lead = 1;     // targets at t + lead (0 allowed)
+  uint64_t lead = 1;  // targets at t + lead (0 allowed)
+  // Targets at several leads (a rollout: t + 1, t + 2, ...), where given instead of `lead`: the
+  // target channels of each lead in turn, in the order given (distinct; not for labels).
+  std::vector<uint64_t> leads;
   uint64_t history = 1;  // input time steps
   // The part of the time axis the loader sees, [start, stop) as a Python slice takes them (either
   // absent: that end of the axis; negative: from the end): every sample's inputs and targets lie
@@ -122,7 +125,7 @@ struct LoaderSpec {
   std::function<bool(const zarr::Array&)> locatable;
 
   // From JSON: {"path", "inputs": [{"name", "levels", "mean", "std"} | "name", ...], "targets",
-  // "lead", "history", "time_range": [start | null, stop | null],
+  // "lead" (a number, or a list for `leads`), "history", "time_range": [start | null, stop | null],
   // "crop": [lat_start, lat_size, lon_start, lon_size],
   // "random_crop": [lat_size, lon_size], "dtype", "stacked", "order", "window", "cache_bytes",
   // "batch_size", "shuffle", "seed", "rank", "world_size", "drop_last", "normalize", "fill_nan",
@@ -375,6 +378,8 @@ class Loader {
   std::string pass_reason_;
   uint64_t time_extent_ = 0, lat_ = 0, lon_ = 0, lat_start_ = 0, lon_start_ = 0;
   uint64_t time_start_ = 0, time_stop_ = 0;  // spec_.time_range resolved against time_extent_
+  std::vector<uint64_t> leads_;              // spec_.leads, else {spec_.lead}
+  uint64_t max_lead_ = 0;
   uint64_t full_lat_ = 0, full_lon_ = 0;
   bool labels_ = false;
   ChunkCache cache_{0};

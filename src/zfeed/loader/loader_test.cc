@@ -1214,6 +1214,58 @@ TEST(Loader, StaticInputsAreTheSamePlaneForEverySampleAfterTheHistory) {
                   "needs the same lat and lon extents");
 }
 
+// A rollout's targets: every lead's target channels in turn, through each read path.
+TEST(Loader, SeveralLeadsStackTheTargetsLeadAfterLead) {
+  for (const uint64_t time_chunk : {uint64_t{1}, uint64_t{3}}) {
+    SCOPED_TRACE("time chunk " + std::to_string(time_chunk));
+    auto store = make_store(time_chunk);
+    auto spec = base_spec(store);
+    spec.leads = {3, 1};
+    spec.history = 2;
+    Loader loader(spec);
+    const auto& targets = loader.target_channels();
+    ASSERT_EQ(targets.size(), 4u);
+    EXPECT_EQ(targets[0].variable, "t2m");
+    EXPECT_EQ(targets[0].time_offset, 3);
+    EXPECT_EQ(targets[1].variable, "q");
+    EXPECT_EQ(targets[1].time_offset, 3);
+    EXPECT_EQ(targets[2].variable, "t2m");
+    EXPECT_EQ(targets[2].time_offset, 1);
+    EXPECT_EQ(loader.num_samples(), kTimes - 1 - 3);  // t in [1, 8]
+    EXPECT_EQ(loader.target_shape(), (std::array<uint64_t, 4>{3, 4, kLat, kLon}));
+    std::multiset<int64_t> times;
+    for (int epoch = 0; epoch < 2; ++epoch) {
+      loader.begin_iteration();
+      while (auto batch = loader.next()) {
+        check_batch(store, loader, *batch);
+        for (uint64_t i = 0; i < batch->size; ++i) times.insert(batch->times()[i]);
+      }
+    }
+    EXPECT_EQ(times.size(), 2 * ((kTimes - 1 - 3) / 3 * 3));  // drop_last: whole batches
+    EXPECT_EQ(*times.begin(), 1);
+    EXPECT_LE(*times.rbegin(), static_cast<int64_t>(kTimes - 1 - 3));
+  }
+  auto store = make_store();
+  auto spec = base_spec(store);
+  spec.leads = {1, 2, 1};
+  EXPECT_CONTAINS(error_of([&] { Loader{spec}; }), "lead 1 is given twice");
+  spec.leads = {0, kTimes};
+  EXPECT_CONTAINS(error_of([&] { Loader{spec}; }),
+                  "no valid samples: 12 time steps with history 1 and lead 12");
+  auto labels = zarr::Array::create(store, "labels", meta("uint8", {kTimes, kLat, kLon}));
+  spec.targets = {var("labels")};
+  spec.leads = {0, 1};
+  EXPECT_CONTAINS(error_of([&] { Loader{spec}; }), "label targets take one lead, got 2");
+  EXPECT_EQ(LoaderSpec::from_json(store, Json::parse(R"({"lead": [1, 2, 4]})")).leads,
+            (std::vector<uint64_t>{1, 2, 4}));
+  EXPECT_TRUE(LoaderSpec::from_json(store, Json::parse(R"({"lead": 2})")).leads.empty());
+  EXPECT_CONTAINS(error_of([&] { LoaderSpec::from_json(store, Json::parse(R"({"lead": []})")); }),
+                  "lead is a number or a non-empty list");
+  EXPECT_CONTAINS(
+      error_of([&] { LoaderSpec::from_json(store, Json::parse(R"({"lead": [1, -2]})")); }),
+      "loader: lead");
+}
+
 TEST(Loader, StackedVariablesAreChannelsOfOneArray) {
   auto store = make_memory_store();
   zarr::Group::create(store, "");
