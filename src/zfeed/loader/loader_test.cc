@@ -603,6 +603,20 @@ TEST(Loader, RandomLayoutsAndSpecsDeliverTheWrittenValues) {
       return zarr::Array::create(store, name, v3_metadata(dtype, shape, grid, chain, attributes));
     };
     auto t2m = create("t2m", "float32", {kTimes, kLat, kLon}, Json::object());
+    // Some cases hold missing values (NaN) in t2m, a static field (lat, lon), several leads.
+    const bool nans = pick(0, 1) == 1, with_static = pick(0, 1) == 1;
+    auto missing = [&](uint64_t t, uint64_t y, uint64_t x) { return nans && (t + y + x) % 7 == 0; };
+    if (with_static) {
+      auto orog = zarr::Array::create(
+          store, "orog",
+          v3_metadata("float32", {kLat, kLon}, {lat_chunk, lon_chunk}, Json::parse(codecs),
+                      Json{{"zfeed_stats", {{"mean", 5.0}, {"std", 2.0}}}}));
+      std::vector<float> c(kLat * kLon);
+      for (uint64_t y = 0; y < kLat; ++y)
+        for (uint64_t x = 0; x < kLon; ++x)
+          c[y * kLon + x] = static_cast<float>(value_of(2, 0, 0, y, x));
+      orog.write(orog.full_selection(), c.data());
+    }
     auto z = create(
         "z", "float64", {kTimes, kLevels, kLat, kLon},
         Json{{"zfeed_stats", {{"mean", {1000.0, 1003.0, 1006.0}}, {"std", {2.0, 4.0, 8.0}}}}});
@@ -611,7 +625,8 @@ TEST(Loader, RandomLayoutsAndSpecsDeliverTheWrittenValues) {
     for (uint64_t t = 0; t < kTimes; ++t) {
       for (uint64_t y = 0; y < kLat; ++y) {
         for (uint64_t x = 0; x < kLon; ++x) {
-          a[(t * kLat + y) * kLon + x] = static_cast<float>(value_of(0, t, 0, y, x));
+          a[(t * kLat + y) * kLon + x] =
+              missing(t, y, x) ? std::nanf("") : static_cast<float>(value_of(0, t, 0, y, x));
           for (uint64_t l = 0; l < kLevels; ++l)
             b[((t * kLevels + l) * kLat + y) * kLon + x] = value_of(1, t, l, y, x);
         }
@@ -627,10 +642,17 @@ TEST(Loader, RandomLayoutsAndSpecsDeliverTheWrittenValues) {
     std::shuffle(levels.begin(), levels.end(), rng);
     levels.resize(pick(1, 3));
     spec.inputs = {var("t2m"), var("z", levels)};
+    if (with_static) spec.inputs.insert(spec.inputs.begin() + pick(0, 2), var("orog"));
+    if (nans && pick(0, 1)) spec.fill_nan = -1.25f;
     spec.targets = pick(0, 1) ? std::vector<VariableSpec>{var("z", {levels[0]})}
                               : std::vector<VariableSpec>{var("t2m"), var("z", levels)};
     spec.history = pick(1, 3);
     spec.lead = pick(0, 2);
+    if (pick(0, 1)) {
+      spec.leads = {0, 1, 2, 3};
+      std::shuffle(spec.leads.begin(), spec.leads.end(), rng);
+      spec.leads.resize(pick(1, 3));
+    }
     switch (pick(0, 2)) {
       case 1: {
         const uint64_t lat_size = pick(1, kLat), lon_size = pick(1, kLon);
@@ -654,14 +676,19 @@ TEST(Loader, RandomLayoutsAndSpecsDeliverTheWrittenValues) {
     const size_t plane = in[2] * in[3];
     auto check = [&](const float* got, const Channel& channel, uint64_t time,
                      std::array<uint64_t, 2> origin, const std::string& what) {
-      const int variable = channel.variable == "t2m" ? 0 : 1;
+      const int variable = channel.variable == "t2m" ? 0 : channel.variable == "z" ? 1 : 2;
+      if (channel.is_static) time = 0;
       size_t wrong = 0;
       for (uint64_t y = 0; y < in[2]; ++y) {
         for (uint64_t x = 0; x < in[3]; ++x) {
+          const uint64_t at_y = origin[0] + y, at_x = origin[1] + x;
           const double stored =
-              value_of(variable, time, channel.level.value_or(0), origin[0] + y, origin[1] + x);
+              variable == 0 && missing(time, at_y, at_x)
+                  ? std::nan("")
+                  : value_of(variable, time, channel.level.value_or(0), at_y, at_x);
           float want = static_cast<float>(stored);
           if (channel.normalized) want = (want - channel.mean) / channel.std;
+          if (channel.fill_nan && std::isnan(want)) want = channel.nan_value;
           wrong += std::memcmp(&want, &got[y * in[3] + x], sizeof(float)) != 0;
         }
       }
