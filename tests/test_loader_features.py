@@ -291,6 +291,25 @@ def test_several_leads_give_a_rollouts_targets_lead_after_lead(stores, store):
         zfeed.Loader(path, inputs=NAMES, targets=NAMES, lead=[2, 2])
 
 
+def test_history_step_spaces_the_inputs(stores):
+    path, _, data = stores
+    loader = zfeed.Loader(path, inputs=["t2m"], targets=["t2m"], history=3, history_step=6, lead=6,
+                          batch_size=4, drop_last=False)
+    assert [c["time_offset"] for c in loader.input_channels] == [-12, -6, 0]
+    assert loader.num_samples == T - 12 - 6
+    seen = []
+    for batch in loader:
+        for i, t in enumerate(batch["times"]):
+            t = int(t)
+            seen.append(t)
+            for h, back in enumerate([12, 6, 0]):
+                np.testing.assert_array_equal(batch["inputs"][i, h], normalized(data, "t2m", t - back, 0))
+            np.testing.assert_array_equal(batch["targets"][i, 0], normalized(data, "t2m", t + 6, 0))
+    assert sorted(seen) == list(range(12, T - 6))
+    with pytest.raises(zfeed.ZarrError, match="history_step must be at least 1"):
+        zfeed.Loader(path, inputs=["t2m"], history_step=0)
+
+
 def _child_batches(loader, queue):
     queue.put([b["times"].tolist() + b["inputs"].ravel()[:5].tolist() for b in loader])
 

@@ -11,7 +11,8 @@
             ...
         state = loader.state_dict()     # after any batch; load_state_dict() resumes exactly
 
-A sample at time ``t`` stacks the input variables at ``t - history + 1 .. t`` (oldest first, the
+A sample at time ``t`` stacks the input variables at ``t - (history - 1) * history_step, ...,
+t - history_step, t`` (oldest first, the
 variables in the order given, each variable's levels in the order given) and the targets at
 ``t + lead`` as channels: ``inputs`` is ``[batch, history * channels, lat, lon]`` and ``targets``
 ``[batch, channels, lat, lon]`` in ``dtype`` (float32, float16 or bfloat16, the last as
@@ -207,6 +208,8 @@ class Loader:
     negative from the end): every sample's inputs (history included) and targets lie in
     ``[start, stop)``, so a training loader on ``(None, split)`` and a validation loader on
     ``(split, None)`` share no time step.
+    ``history_step``: the time steps between two input steps of the history (6 for 6-hourly
+    inputs from an hourly store; ``lead`` counts the store's steps too).
     ``lead``: the target time step ``t + lead``, or a list of leads (a rollout: ``[1, 2, 3]``):
     the targets' channels at each lead in turn, ``[batch, len(lead) * channels, lat, lon]``; every
     sample's furthest lead stays inside the time axis (and ``time_range``).
@@ -220,7 +223,7 @@ class Loader:
     """
 
     def __init__(self, store, inputs: Sequence, targets: Sequence = (), lead: int | Sequence[int] = 1,
-                 history: int = 1,
+                 history: int = 1, history_step: int = 1,
                  batch_size: int = 16, shuffle: bool = True, seed: int = 0, rank: int | None = None,
                  world_size: int | None = None, drop_last: bool = True, normalize: Any = True,
                  prefetch: int = 2, epoch: int = 0, crop: Sequence[int] | None = None, path: str | None = None,
@@ -259,6 +262,7 @@ class Loader:
             "targets": [_variable(v, "targets", normalize) for v in targets],
             "lead": _lead(lead),
             "history": int(history),
+            "history_step": int(history_step),
             "batch_size": int(batch_size),
             "shuffle": bool(shuffle),
             "seed": int(seed),
@@ -278,7 +282,7 @@ class Loader:
             "time_range": _time_range(time_range),
             "fill_nan": _fill_nan(fill_nan),
         }
-        for name in ("history", "batch_size", "seed", "rank", "world_size", "prefetch", "epoch", "window"):
+        for name in ("history", "history_step", "batch_size", "seed", "rank", "world_size", "prefetch", "epoch", "window"):
             if spec[name] < 0:
                 raise _core.ZarrError(f"loader: {name} must not be negative, got {spec[name]}")
         if spec["cache_bytes"] is not None and spec["cache_bytes"] < 0:

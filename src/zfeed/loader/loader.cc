@@ -153,6 +153,7 @@ LoaderSpec LoaderSpec::from_json(std::shared_ptr<Store> store, const Json& json)
     uint_field("lead", spec.lead);
   }
   uint_field("history", spec.history);
+  uint_field("history_step", spec.history_step);
   uint_field("batch_size", spec.batch_size);
   uint_field("seed", spec.seed);
   uint_field("rank", spec.rank);
@@ -353,6 +354,11 @@ Loader::Loader(LoaderSpec spec) : spec_(std::move(spec)), shared_(std::make_shar
   if (!spec_.store) throw Error("loader: no store");
   if (spec_.inputs.empty()) throw Error("loader: no input variables");
   if (spec_.history == 0) throw Error("loader: history must be at least 1");
+  if (spec_.history_step == 0) throw Error("loader: history_step must be at least 1");
+  // Saturated: a huge history or step from a spec must not wrap around to a short reach.
+  back_ = spec_.history - 1 > UINT64_MAX / spec_.history_step
+              ? UINT64_MAX
+              : (spec_.history - 1) * spec_.history_step;
   if (spec_.prefetch == 0) throw Error("loader: prefetch must be at least 1");
   if (spec_.crop && spec_.random_crop) throw Error("loader: give crop or random_crop, not both");
   if (spec_.order != "auto" && spec_.order != "random" && spec_.order != "chunks") {
@@ -554,9 +560,17 @@ Loader::Loader(LoaderSpec spec) : spec_(std::move(spec)), shared_(std::make_shar
   std::vector<Channel> step_channels;
   resolve(spec_.inputs, "input", input_sources_, step_channels);
   resolve(spec_.targets, "target", target_sources_, target_channels_);
+  if (!reference) {
+    throw Error(
+        "loader: no variable has a time dimension: static (lat, lon) inputs go with at least one "
+        "(time, lat, lon) or (time, level, lat, lon) variable");
+  }
+  // The samples' time span must fit the axis (checked before a channel is made per history step).
+  time_extent_ = arrays_[*reference].metadata().shape[0];
+  resolve_time_range();
   for (uint64_t h = 0; h < spec_.history; ++h) {
     for (Channel channel : step_channels) {
-      channel.time_offset = static_cast<int64_t>(h) - static_cast<int64_t>(spec_.history - 1);
+      channel.time_offset = -static_cast<int64_t>((spec_.history - 1 - h) * spec_.history_step);
       input_channels_.push_back(channel);
     }
   }
@@ -570,11 +584,6 @@ Loader::Loader(LoaderSpec spec) : spec_(std::move(spec)), shared_(std::make_shar
         target_channels_.push_back(channel);
       }
     }
-  }
-  if (!reference) {
-    throw Error(
-        "loader: no variable has a time dimension: static (lat, lon) inputs go with at least one "
-        "(time, lat, lon) or (time, level, lat, lon) variable");
   }
   static_.assign(arrays_.size(), false);
   for (size_t k = 0; k < static_arrays.size(); ++k) {
@@ -610,7 +619,6 @@ Loader::Loader(LoaderSpec spec) : spec_(std::move(spec)), shared_(std::make_shar
   }
 
   const auto& first = arrays_[*reference].metadata();
-  time_extent_ = first.shape[0];
   full_lat_ = lat_ = first.shape[first.rank() - 2];
   full_lon_ = lon_ = first.shape[first.rank() - 1];
   if (spec_.crop) {
@@ -638,7 +646,6 @@ Loader::Loader(LoaderSpec spec) : spec_(std::move(spec)), shared_(std::make_shar
     lat_ = h;
     lon_ = w;
   }
-  resolve_time_range();
 
   // Which arrays go through the decoded-chunk cache, and the time chunking that sets the order:
   // that of the cached arrays, or with order "chunks" of every array.
@@ -693,7 +700,7 @@ Loader::Loader(LoaderSpec spec) : spec_(std::move(spec)), shared_(std::make_shar
       spec_.shuffle && (spec_.order == "chunks" || (spec_.order == "auto" && time_chunk > 1));
 
   SamplerOptions options;
-  options.num_samples = time_stop_ - time_start_ - spec_.history - max_lead_ + 1;
+  options.num_samples = time_stop_ - time_start_ - back_ - max_lead_;
   options.batch_size = spec_.batch_size;
   options.shuffle = spec_.shuffle;
   options.seed = spec_.seed;
@@ -706,7 +713,7 @@ Loader::Loader(LoaderSpec spec) : spec_(std::move(spec)), shared_(std::make_shar
                  ? spec_.window
                  : std::max<uint64_t>(2, (spec_.batch_size + time_chunk - 1) / time_chunk);
     options.group_size = time_chunk;
-    options.group_offset = time_start_ + spec_.history - 1;  // groups are time chunks
+    options.group_offset = time_start_ + back_;  // groups are time chunks
     options.window = window;
   }
   sampler_ = Sampler(options);
@@ -717,9 +724,8 @@ Loader::Loader(LoaderSpec spec) : spec_(std::move(spec)), shared_(std::make_shar
   if (spec_.cache_bytes) {
     budget = *spec_.cache_bytes;
   } else if (options.group_size > 1) {
-    // Time chunks a window's samples reach beyond it: back by history - 1, ahead by the lead.
-    const uint64_t reach =
-        std::max<uint64_t>(1, (spec_.history - 1 + max_lead_ + time_chunk - 1) / time_chunk);
+    // Time chunks a window's samples reach beyond it: back by the history, ahead by the lead.
+    const uint64_t reach = std::max<uint64_t>(1, (back_ + max_lead_ + time_chunk - 1) / time_chunk);
     budget = (2 * window + 1 + reach) * chunk_row_bytes;
   }
   cache_ = ChunkCache(budget);
@@ -863,7 +869,7 @@ void Loader::plan_pieces(uint64_t epoch, std::span<const uint64_t> times, void* 
   for (size_t i = 0; i < times.size(); ++i) {
     const auto origin = crop_origin(epoch, times[i]);
     for (uint64_t h = 0; h < spec_.history; ++h) {
-      const uint64_t time = times[i] + 1 + h - spec_.history;
+      const uint64_t time = times[i] - (spec_.history - 1 - h) * spec_.history_step;
       for (const auto& source : input_sources_) {
         const size_t c = h * step_channels + source.channel;
         add(source, time, origin, inputs + (i * input_channels + c) * plane * in_size, in_type,
@@ -1576,9 +1582,11 @@ void Loader::resolve_time_range() {
   const int64_t stop = std::max(start, resolve(spec_.time_range[1], extent));
   time_start_ = static_cast<uint64_t>(start);
   time_stop_ = static_cast<uint64_t>(stop);
-  // history + lead, saturated: huge values from a spec must not wrap around to a small span.
-  const uint64_t span =
-      max_lead_ > UINT64_MAX - spec_.history ? UINT64_MAX : spec_.history + max_lead_;
+  // The history's reach + 1 + lead, saturated: huge values from a spec must not wrap around to a
+  // small span.
+  const uint64_t span = back_ >= UINT64_MAX - 1 || max_lead_ > UINT64_MAX - back_ - 1
+                            ? UINT64_MAX
+                            : back_ + 1 + max_lead_;
   if (time_stop_ - time_start_ < span) {
     const bool ranged = spec_.time_range[0] || spec_.time_range[1];
     throw Error("loader: no valid samples: " +
@@ -1586,9 +1594,12 @@ void Loader::resolve_time_range() {
                               ") holds " + std::to_string(stop - start) + " of the " +
                               std::to_string(extent) + " time steps"
                         : std::to_string(extent) + " time steps") +
-                " with history " + std::to_string(spec_.history) + " and lead " +
-                std::to_string(max_lead_) +
-                " (a sample spans history + lead = " + std::to_string(span) + ")");
+                " with history " + std::to_string(spec_.history) +
+                (spec_.history_step > 1 ? " every " + std::to_string(spec_.history_step) + " steps"
+                                        : std::string()) +
+                " and lead " + std::to_string(max_lead_) + " (a sample spans " +
+                (span == UINT64_MAX ? std::string("more than the axis") : std::to_string(span)) +
+                " time steps)");
   }
 }
 

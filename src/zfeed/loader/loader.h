@@ -2,7 +2,8 @@
 // Zarr engine straight into reused batch buffers, normalized and cast in the same pass, prefetched
 // by a thread of zfeed's own, resumable exactly.
 //
-// A sample at time t stacks, as channels, the input variables at t - history + 1 .. t (oldest
+// A sample at time t stacks, as channels, the input variables at t - (history - 1) * history_step,
+// ..., t - history_step, t (oldest
 // first; within a time step the variables in the order given, each variable's levels in the
 // order given) and the target variables at t + lead. Variables have dims (time, lat, lon) or
 // (time, level, lat, lon) with a level selection, or are channels of a stacked array
@@ -69,6 +70,9 @@ struct LoaderSpec {
   // target channels of each lead in turn, in the order given (distinct; not for labels).
   std::vector<uint64_t> leads;
   uint64_t history = 1;  // input time steps
+  // Time steps between two of them (6 for 6-hourly inputs from an hourly store; the lead is in
+  // the store's steps too).
+  uint64_t history_step = 1;
   // The part of the time axis the loader sees, [start, stop) as a Python slice takes them (either
   // absent: that end of the axis; negative: from the end): every sample's inputs and targets lie
   // in it, so a training and a validation loader over two ranges share no time step.
@@ -125,7 +129,8 @@ struct LoaderSpec {
   std::function<bool(const zarr::Array&)> locatable;
 
   // From JSON: {"path", "inputs": [{"name", "levels", "mean", "std"} | "name", ...], "targets",
-  // "lead" (a number, or a list for `leads`), "history", "time_range": [start | null, stop | null],
+  // "lead" (a number, or a list for `leads`), "history", "history_step",
+  // "time_range": [start | null, stop | null],
   // "crop": [lat_start, lat_size, lon_start, lon_size],
   // "random_crop": [lat_size, lon_size], "dtype", "stacked", "order", "window", "cache_bytes",
   // "batch_size", "shuffle", "seed", "rank", "world_size", "drop_last", "normalize", "fill_nan",
@@ -273,7 +278,7 @@ class Loader {
   // cache's pages.
   uint64_t memory_bound() const;
   // The sample time of dataset sample `index` (the latest input time step).
-  uint64_t sample_time(uint64_t index) const { return time_start_ + spec_.history - 1 + index; }
+  uint64_t sample_time(uint64_t index) const { return time_start_ + back_ + index; }
 
   // The crop origin (lat_start, lon_start) of the sample at `time` in `epoch`.
   std::array<uint64_t, 2> crop_origin(uint64_t epoch, uint64_t time) const;
@@ -380,6 +385,7 @@ class Loader {
   uint64_t time_start_ = 0, time_stop_ = 0;  // spec_.time_range resolved against time_extent_
   std::vector<uint64_t> leads_;              // spec_.leads, else {spec_.lead}
   uint64_t max_lead_ = 0;
+  uint64_t back_ = 0;  // how far the history reaches back: (history - 1) * history_step
   uint64_t full_lat_ = 0, full_lon_ = 0;
   bool labels_ = false;
   ChunkCache cache_{0};

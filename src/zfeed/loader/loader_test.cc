@@ -461,7 +461,7 @@ TEST(Loader, TimeRangeKeepsEverySampleInside) {
   spec.time_range = {5, 7};
   EXPECT_CONTAINS(error_of([&] { Loader{spec}; }),
                   "no valid samples: time_range [5, 7) holds 2 of the 12 time steps with history 2 "
-                  "and lead 1 (a sample spans history + lead = 3)");
+                  "and lead 1 (a sample spans 3 time steps)");
   spec.time_range = {};
   spec.lead = UINT64_MAX;  // history + lead must not wrap around to 1
   EXPECT_CONTAINS(error_of([&] { Loader{spec}; }), "no valid samples: 12 time steps");
@@ -647,6 +647,7 @@ TEST(Loader, RandomLayoutsAndSpecsDeliverTheWrittenValues) {
     spec.targets = pick(0, 1) ? std::vector<VariableSpec>{var("z", {levels[0]})}
                               : std::vector<VariableSpec>{var("t2m"), var("z", levels)};
     spec.history = pick(1, 3);
+    if (pick(0, 2) == 0) spec.history_step = pick(2, 3);
     spec.lead = pick(0, 2);
     if (pick(0, 1)) {
       spec.leads = {0, 1, 2, 3};
@@ -1291,6 +1292,48 @@ TEST(Loader, SeveralLeadsStackTheTargetsLeadAfterLead) {
   EXPECT_CONTAINS(
       error_of([&] { LoaderSpec::from_json(store, Json::parse(R"({"lead": [1, -2]})")); }),
       "loader: lead");
+}
+
+// history_step: 6-hourly inputs from an hourly store (here every third step).
+TEST(Loader, HistoryStepSpacesTheInputSteps) {
+  for (const uint64_t time_chunk : {uint64_t{1}, uint64_t{4}}) {
+    SCOPED_TRACE("time chunk " + std::to_string(time_chunk));
+    auto store = make_store(time_chunk);
+    auto spec = base_spec(store);
+    spec.history = 3;
+    spec.history_step = 3;
+    spec.lead = 2;
+    spec.drop_last = false;
+    Loader loader(spec);
+    const auto& inputs = loader.input_channels();
+    ASSERT_EQ(inputs.size(), 12u);  // 3 steps x (t2m, z@2, z@0, q)
+    EXPECT_EQ(inputs[0].time_offset, -6);
+    EXPECT_EQ(inputs[4].time_offset, -3);
+    EXPECT_EQ(inputs[8].time_offset, 0);
+    EXPECT_EQ(loader.num_samples(), kTimes - 6 - 2);  // t in [6, 9]
+    EXPECT_EQ(loader.sample_time(0), 6u);
+    std::set<int64_t> times;
+    while (auto batch = loader.next()) {
+      check_batch(store, loader, *batch);
+      for (uint64_t i = 0; i < batch->size; ++i) times.insert(batch->times()[i]);
+    }
+    EXPECT_EQ(times, (std::set<int64_t>{6, 7, 8, 9}));
+  }
+  auto store = make_store();
+  auto spec = base_spec(store);
+  spec.history = 3;
+  spec.history_step = 6;
+  EXPECT_CONTAINS(error_of([&] { Loader{spec}; }),
+                  "no valid samples: 12 time steps with history 3 every 6 steps and lead 1 (a "
+                  "sample spans 14 time steps)");
+  spec.history_step = 0;
+  EXPECT_CONTAINS(error_of([&] { Loader{spec}; }), "history_step must be at least 1");
+  spec.history_step = UINT64_MAX / 2 + 1;  // (history - 1) * step must not wrap around
+  EXPECT_CONTAINS(error_of([&] { Loader{spec}; }), "a sample spans more than the axis");
+  spec.history = UINT64_MAX;  // refused before a channel is made per step
+  spec.history_step = 1;
+  EXPECT_CONTAINS(error_of([&] { Loader{spec}; }), "no valid samples");
+  EXPECT_EQ(LoaderSpec::from_json(store, Json::parse(R"({"history_step": 6})")).history_step, 6u);
 }
 
 TEST(Loader, StackedVariablesAreChannelsOfOneArray) {
