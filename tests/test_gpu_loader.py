@@ -246,6 +246,27 @@ def test_static_inputs_and_several_leads_on_the_gpu_equal_the_cpu_loader(tmp_pat
 
 
 @needs_gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_cf_packed_variables_on_the_gpu_equal_the_cpu_loader(tmp_path, dtype):
+    """int16 with scale_factor, add_offset and a fill value: unpacked on the GPU from the raw values."""
+    rng = np.random.default_rng(6)
+    packed = rng.integers(-30000, 30000, (T, LAT, LON)).astype("int16")
+    packed[:, 1, 1] = -32767
+    root = zfeed.create_group(tmp_path / "packed.zarr")
+    root.create_array("t2m", shape=packed.shape, chunks=(1, LAT, LON), dtype="int16", compressor="zstd:3",
+                      data=packed, dimension_names=["time", "latitude", "longitude"],
+                      attributes={"scale_factor": 0.002, "add_offset": 280.0, "_FillValue": -32767,
+                                  "zfeed_stats": {"mean": 280.0, "std": 20.0}})
+    args = dict(inputs=["t2m"], targets=["t2m"], batch_size=4, seed=1, dtype=dtype, drop_last=False)
+    for fill_nan in (None, 0.0):
+        cpu = zfeed.Loader(tmp_path / "packed.zarr", fill_nan=fill_nan, **args)
+        gpu = zfeed.Loader(tmp_path / "packed.zarr", device="cuda", fill_nan=fill_nan, **args)
+        for want, got in zip(cpu, gpu, strict=True):
+            np.testing.assert_array_equal(bits(torch_to_numpy(got["inputs"])), bits(want["inputs"]))
+            np.testing.assert_array_equal(bits(torch_to_numpy(got["targets"])), bits(want["targets"]))
+
+
+@needs_gpu
 def test_inner_chunks_of_shards_decode_on_the_gpu(tmp_path):
     path = make_codec_store(tmp_path / "sharded.zarr", "zstd:3", shards=(8, LAT, LON))
     args = dict(inputs=NAMES, targets=NAMES, batch_size=4, seed=3, drop_last=False)

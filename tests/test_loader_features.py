@@ -310,6 +310,56 @@ def test_history_step_spaces_the_inputs(stores):
         zfeed.Loader(path, inputs=["t2m"], history_step=0)
 
 
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_cf_packed_variables_read_as_xarray_decodes_them(tmp_path, zarr_format):
+    """ERA5 from netCDF is often packed (int16, scale_factor, add_offset, a fill value), and xarray
+    keeps the packing when it writes Zarr: the loader unpacks as xarray does, then normalizes."""
+    xr = pytest.importorskip("xarray")
+    rng = np.random.default_rng(11)
+    t2m = 280.0 + 10.0 * rng.standard_normal((T, LAT, LON))
+    t2m[:, 2, 3] = np.nan  # stored as the fill value
+    mask = (rng.random((T, LAT, LON)) * 3).astype("uint8")
+    mask[:, 0, 0] = 255
+    ds = xr.Dataset({"t2m": (("time", "latitude", "longitude"), t2m),
+                     "mask": (("time", "latitude", "longitude"), mask)})
+    encoding = {"t2m": {"dtype": "int16", "scale_factor": 0.002, "add_offset": 280.0, "_FillValue": -32767},
+                "mask": {"_FillValue": 255}}
+    path = tmp_path / "packed.zarr"
+    ds.to_zarr(path, encoding=encoding, zarr_format=zarr_format, consolidated=zarr_format == 2)
+    decoded = xr.open_zarr(path, consolidated=zarr_format == 2)
+    assert np.isnan(decoded["t2m"].values[:, 2, 3]).all()
+    want = decoded["t2m"].values.astype("float32")
+    loader = zfeed.Loader(path, inputs=[{"name": "t2m", "mean": 280.0, "std": 10.0}], targets=["t2m"],
+                          batch_size=4, normalize=True, drop_last=False)
+    cf = loader.input_channels[0]["cf"]
+    assert cf["scale_factor"] == 0.002 and cf["add_offset"] == 280.0 and -32767 in cf["missing"]
+    for batch in loader:
+        for i, t in enumerate(batch["times"]):
+            np.testing.assert_array_equal(batch["inputs"][i, 0], (want[t] - np.float32(280.0)) / np.float32(10.0))
+            np.testing.assert_array_equal(batch["targets"][i, 0], want[t + 1])  # no statistics: unpacked only
+    # A label array whose _FillValue attribute (Zarr v3) marks missing pixels: those become -100
+    # (ignore_index). A v2 array's fill_value counts only beside CF attributes (xarray takes it
+    # always, which would turn the zeros of arrays zarr-python wrote with fill_value 0 into NaN).
+    labels = zfeed.Loader(path, inputs=["t2m"], targets=["mask"], lead=0, batch_size=4, drop_last=False)
+    assert labels.target_dtype == "int64"
+    for batch in labels:
+        raw = mask[batch["times"]].astype("int64")
+        want_labels = np.where(raw == 255, -100, raw) if zarr_format == 3 else raw
+        np.testing.assert_array_equal(batch["targets"], want_labels)
+
+
+def test_the_loader_reads_the_packed_ecmwf_store_as_xarray_does(shared):
+    xr = pytest.importorskip("xarray")
+    path = shared / "data" / "ecmwf-t-z-2007-01-01.zarr"
+    want = xr.open_zarr(path)
+    loader = zfeed.Loader(path, inputs=[("t", [0, 1]), ("z", [1])], targets=[], lead=0, batch_size=1,
+                          shuffle=False, normalize=False)
+    batch = next(iter(loader))
+    np.testing.assert_array_equal(batch["inputs"][0, 0], want["t"].values[0, 0].astype("float32"))
+    np.testing.assert_array_equal(batch["inputs"][0, 1], want["t"].values[0, 1].astype("float32"))
+    np.testing.assert_array_equal(batch["inputs"][0, 2], want["z"].values[0, 1].astype("float32"))
+
+
 def _child_batches(loader, queue):
     queue.put([b["times"].tolist() + b["inputs"].ravel()[:5].tolist() for b in loader])
 

@@ -22,6 +22,12 @@ inline std::string channels_json(const std::vector<zfeed::loader::Channel>& chan
     item["std"] = c.normalized ? zfeed::Json(c.std) : zfeed::Json();
     item["static"] = c.is_static;
     item["fill_nan"] = c.fill_nan ? zfeed::Json(c.nan_value) : zfeed::Json();
+    zfeed::Json missing = zfeed::Json::array();
+    for (unsigned i = 0; i < c.unpack.missing_count; ++i) missing.push_back(c.unpack.missing[i]);
+    item["cf"] = c.unpack.active ? zfeed::Json{{"scale_factor", c.unpack.scale},
+                                               {"add_offset", c.unpack.offset},
+                                               {"missing", missing}}
+                                 : zfeed::Json();
     out.push_back(item);
   }
   return out.dump();

@@ -213,6 +213,8 @@ class Loader:
     ``lead``: the target time step ``t + lead``, or a list of leads (a rollout: ``[1, 2, 3]``):
     the targets' channels at each lead in turn, ``[batch, len(lead) * channels, lat, lon]``; every
     sample's furthest lead stays inside the time axis (and ``time_range``).
+    CF-encoded variables (``scale_factor``, ``add_offset``, ``_FillValue``, ``missing_value``) are
+    decoded as xarray decodes them before the normalization.
     ``fill_nan``: NaN values (missing data, as sea surface temperature over land) become this
     number in the batches, after normalization (so 0.0 is the channel's mean); None (the default)
     leaves them NaN. Label targets are not affected (a NaN label is already -100, PyTorch's
@@ -372,7 +374,8 @@ class Loader:
     @property
     def input_channels(self) -> list[dict]:
         """Per input channel: variable, level, time_offset, the mean/std applied (or None), static
-        (a (lat, lon) field, time_offset then meaningless) and fill_nan (or None)."""
+        (a (lat, lon) field, time_offset then meaningless), fill_nan (or None) and cf (the CF
+        decoding applied first: scale_factor, add_offset, missing; or None)."""
         return json.loads(self._core.input_channels_json())
 
     @property

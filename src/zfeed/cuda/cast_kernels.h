@@ -94,6 +94,7 @@ ZFEED_HOST_DEVICE inline float host_nan(float a, float b, float result) {
 // Normalization::apply with the host's NaN results (see host_nan).
 ZFEED_HOST_DEVICE inline float normalize_like_host(const Normalization& n, float value) {
 #if defined(__CUDA_ARCH__)
+  if (n.unpack.active) value = n.unpack.apply(value);  // float32 holds the stored value exactly
   if (!n.enabled) return n.fill(value);
   const float centered = host_nan(value, n.mean, value - n.mean);
   return n.fill(host_nan(centered, n.stdev, centered / n.stdev));

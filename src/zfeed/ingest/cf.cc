@@ -6,35 +6,10 @@
 #include <limits>
 
 #include "zfeed/util/error.h"
+#include "zfeed/zarr/cf.h"
 
 namespace zfeed::ingest {
 namespace {
-
-double number_attribute(const Variable& variable, const char* name) {
-  const Json& value = variable.attributes[name];
-  const Json& scalar = value.is_array() && value.size() == 1 ? value[0] : value;
-  if (!scalar.is_number()) {
-    throw Error(variable.name + ": attribute " + name + " must be a number, got " + value.dump());
-  }
-  return scalar.get<double>();
-}
-
-void collect_missing(const Variable& variable, const char* name, std::vector<double>* out) {
-  if (!variable.attributes.contains(name)) return;
-  const Json& value = variable.attributes[name];
-  auto add = [&](const Json& item) {
-    if (item.is_number()) {
-      out->push_back(item.get<double>());
-    } else if (!item.is_null() && !(item.is_string() && (item == "NaN" || item == "nan"))) {
-      throw Error(variable.name + ": attribute " + name + " must be numeric, got " + value.dump());
-    }
-  };
-  if (value.is_array()) {
-    for (const auto& item : value) add(item);
-  } else {
-    add(value);
-  }
-}
 
 template <typename In, typename Out>
 void decode(const CfDecoding& plan, const void* in_bytes, void* out_bytes, size_t count) {
@@ -99,10 +74,10 @@ CfDecoding plan_cf_decoding(const Variable& variable) {
     return plan;  // left as stored
   }
   plan.active = true;
-  if (attrs.contains("scale_factor")) plan.scale = number_attribute(variable, "scale_factor");
-  if (attrs.contains("add_offset")) plan.offset = number_attribute(variable, "add_offset");
-  collect_missing(variable, "_FillValue", &plan.missing);
-  collect_missing(variable, "missing_value", &plan.missing);
+  const zarr::CfEncoding encoding = zarr::cf_encoding(variable.dtype, attrs, variable.name);
+  plan.scale = encoding.scale;
+  plan.offset = encoding.offset;
+  plan.missing = encoding.missing;
   if (packed) {
     plan.output = DataType{DataTypeId::kFloat32};
   } else if (variable.dtype.is_integer()) {

@@ -8,6 +8,7 @@
 #include "zfeed/ingest/netcdf.h"
 #include "zfeed/ingest/zarr_source.h"
 #include "zfeed/util/error.h"
+#include "zfeed/zarr/cf.h"
 #include "zfeed/zarr/group.h"
 
 namespace zfeed::ingest {
@@ -115,13 +116,7 @@ Variable variable_of(const zarr::Array& array, const std::string& name) {
     const bool named = meta.dimension_names && (*meta.dimension_names)[d].has_value();
     variable.dims.push_back(named ? *(*meta.dimension_names)[d] : "dim_" + std::to_string(d));
   }
-  variable.attributes = meta.attributes;
-  const Json& attrs = variable.attributes;
-  const bool cf = attrs.contains("scale_factor") || attrs.contains("add_offset") ||
-                  attrs.contains("missing_value");
-  if (meta.zarr_format == 2 && cf && !attrs.contains("_FillValue") && !meta.fill_value.is_null) {
-    variable.attributes["_FillValue"] = fill_value_to_json(meta.fill_value, meta.dtype);
-  }
+  variable.attributes = zarr::cf_attributes(meta);  // a v2 fill_value as _FillValue, as xarray
   return variable;
 }
 

@@ -7,6 +7,7 @@
 
 #include "zfeed/util/error.h"
 #include "zfeed/util/thread_pool.h"
+#include "zfeed/zarr/cf.h"
 #include "zfeed/zarr/group.h"
 
 namespace zfeed::ingest {
@@ -115,15 +116,6 @@ void to_double(DataType dtype, const uint8_t* raw, size_t n, double* out) {
   }
 }
 
-std::optional<double> attribute_number(const Json& attributes, const char* name) {
-  auto it = attributes.find(name);
-  if (it == attributes.end()) return std::nullopt;
-  const Json* value = &*it;
-  if (value->is_array() && value->size() == 1) value = &(*value)[0];
-  if (value->is_number()) return value->get<double>();
-  return std::nullopt;
-}
-
 }  // namespace
 
 Json ArrayStats::to_json() const {
@@ -210,13 +202,9 @@ ArrayStats compute_array_stats(const zarr::Array& array, const std::string& name
     t = end;
   }
 
-  // CF packing.
-  const Json& attrs = meta.attributes;
-  const double scale = attribute_number(attrs, "scale_factor").value_or(1.0);
-  const double offset = attribute_number(attrs, "add_offset").value_or(0.0);
-  const std::optional<double> fill = attribute_number(attrs, "_FillValue");
-  const std::optional<double> missing = attribute_number(attrs, "missing_value");
-  const bool decode = scale != 1.0 || offset != 0.0 || fill || missing;
+  // CF packing, as the loader decodes it.
+  const zarr::CfEncoding cf = zarr::cf_encoding(meta, name);
+  const bool decode = cf.active();
 
   // Strides of a C-order block of shape `block_shape`.
   auto summarize = [&](uint64_t b0, uint64_t b1) {
@@ -232,11 +220,9 @@ ArrayStats compute_array_stats(const zarr::Array& array, const std::string& name
     raw = {};
     if (decode) {
       for (double& x : values) {
-        if ((fill && x == *fill) || (missing && x == *missing)) {
-          x = NAN;
-        } else {
-          x = x * scale + offset;
-        }
+        bool missing = false;
+        for (const double m : cf.missing) missing |= x == m;
+        x = missing ? NAN : x * cf.scale + cf.offset;
       }
     }
     std::vector<RunningStats> partial(num_levels);

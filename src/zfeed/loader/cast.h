@@ -78,6 +78,35 @@ ZFEED_HOST_DEVICE inline uint16_t float_to_bfloat16_bits(float value) {
   return static_cast<uint16_t>((x + 0x7FFFu + ((x >> 16) & 1u)) >> 16);
 }
 
+// A CF-encoded channel's stored values as xarray decodes them (zarr/cf.h): a missing one is NaN,
+// the others raw * scale + offset in float64, then float32.
+struct CfUnpack {
+  static constexpr unsigned kMaxMissing = 4;
+  bool active = false;
+  double scale = 1.0;
+  double offset = 0.0;
+  double missing[kMaxMissing] = {};
+  unsigned missing_count = 0;
+  ZFEED_HOST_DEVICE bool is_missing(double raw) const {
+    bool found = false;
+    for (unsigned i = 0; i < missing_count; ++i) found |= raw == missing[i];
+    return found;
+  }
+  ZFEED_HOST_DEVICE float apply(double raw) const {
+    if (is_missing(raw)) {
+      const uint32_t quiet_nan = 0x7FC00000u;  // numpy's NaN, as float32
+      float out;
+      std::memcpy(&out, &quiet_nan, sizeof out);
+      return out;
+    }
+#if defined(__CUDA_ARCH__)
+    return static_cast<float>(__dadd_rn(__dmul_rn(raw, scale), offset));  // no FMA: as the host
+#else
+    return static_cast<float>(raw * scale + offset);
+#endif
+  }
+};
+
 // One channel's normalization: out = (float(x) - mean) / stdev in float32 (a division, not a
 // multiplication by 1 / stdev, so that the result equals NumPy's (x - mean) / std to the bit);
 // then, with fill_nan, a NaN (a missing value: sea surface temperature over land) becomes
@@ -88,15 +117,22 @@ struct Normalization {
   float stdev = 1.0f;
   bool fill_nan = false;
   float nan_value = 0.0f;
+  CfUnpack unpack{};  // applied first, to the stored value
   ZFEED_HOST_DEVICE float scale(float value) const {
     return enabled ? (value - mean) / stdev : value;
   }
   ZFEED_HOST_DEVICE float fill(float value) const {
     return fill_nan && value != value ? nan_value : value;
   }
-  ZFEED_HOST_DEVICE float apply(float value) const { return fill(scale(value)); }
+  ZFEED_HOST_DEVICE float apply(float value) const {
+    return fill(scale(unpack.active ? unpack.apply(value) : value));
+  }
+  // The same from a stored value wider than float32 holds exactly (int32, float64 with CF).
+  ZFEED_HOST_DEVICE float apply_stored(double value) const {
+    return fill(scale(unpack.active ? unpack.apply(value) : static_cast<float>(value)));
+  }
   // Whether apply() changes anything.
-  bool identity() const { return !enabled && !fill_nan; }
+  bool identity() const { return !enabled && !fill_nan && !unpack.active; }
 };
 
 // PyTorch's default ignore_index: the label of a missing (NaN) value in a float-stored label array.

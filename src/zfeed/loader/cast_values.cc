@@ -36,17 +36,35 @@ float to_float(T value) {
   }
 }
 
+template <typename T>
+double to_double(T value) {
+  if constexpr (std::is_same_v<T, Float16Bits> || std::is_same_v<T, BFloat16Bits>) {
+    return static_cast<double>(to_float(value));
+  } else {
+    return static_cast<double>(value);
+  }
+}
+
 template <typename T, OutputType Out>
 void cast_run(const uint8_t* src, uint8_t* dst, size_t count, Normalization normalization) {
   constexpr size_t kOut = Out == OutputType::kInt64 ? 8 : (Out == OutputType::kFloat32 ? 4 : 2);
   if constexpr (Out == OutputType::kInt64 && !std::is_same_v<T, Float16Bits> &&
                 !std::is_same_v<T, BFloat16Bits> && std::is_integral_v<T>) {
-    // Integer labels: exact, never through float.
+    // Integer labels: exact, never through float; a missing value (CF) is kIgnoreLabel.
+    const CfUnpack& cf = normalization.unpack;
     for (size_t i = 0; i < count; ++i) {
       T value;
       std::memcpy(&value, src + i * sizeof(T), sizeof(T));
-      const int64_t label = static_cast<int64_t>(value);
+      const int64_t label = cf.missing_count && cf.is_missing(static_cast<double>(value))
+                                ? kIgnoreLabel
+                                : static_cast<int64_t>(value);
       std::memcpy(dst + i * kOut, &label, kOut);
+    }
+  } else if (normalization.unpack.active) {
+    for (size_t i = 0; i < count; ++i) {
+      T value;
+      std::memcpy(&value, src + i * sizeof(T), sizeof(T));
+      store_value(normalization.apply_stored(to_double(value)), Out, dst + i * kOut);
     }
   } else if (normalization.fill_nan) {
     for (size_t i = 0; i < count; ++i) {

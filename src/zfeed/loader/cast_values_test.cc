@@ -78,6 +78,46 @@ TEST(CastValues, FillNanReplacesOnlyNaNAfterNormalizing) {
   EXPECT_FALSE((Normalization{false, 0.0f, 1.0f, true, 0.0f}.identity()));
 }
 
+// CF unpacking: raw * scale + offset in float64 then float32 (as xarray, then a cast), missing
+// values NaN (then filled, where asked), before the normalization; integer labels' missing values
+// become kIgnoreLabel.
+TEST(CastValues, CfUnpackingComesFirst) {
+  const std::vector<int16_t> raw = {-32767, 0, 1, -1, 12345, 32767};
+  Normalization n{true, 280.0f, 10.0f};
+  n.unpack.active = true;
+  n.unpack.scale = 0.002;
+  n.unpack.offset = 280.0;
+  n.unpack.missing[0] = -32767;
+  n.unpack.missing_count = 1;
+  std::vector<float> got(raw.size()), filled(raw.size());
+  cast_values(reinterpret_cast<const uint8_t*>(raw.data()), DataType::from_name("int16"),
+              reinterpret_cast<uint8_t*>(got.data()), OutputType::kFloat32, raw.size(), n);
+  EXPECT_TRUE(std::isnan(got[0]));
+  for (size_t i = 1; i < raw.size(); ++i) {
+    const float physical = static_cast<float>(static_cast<double>(raw[i]) * 0.002 + 280.0);
+    EXPECT_EQ(got[i], (physical - 280.0f) / 10.0f) << i;
+  }
+  n.fill_nan = true;
+  n.nan_value = 0.5f;
+  cast_values(reinterpret_cast<const uint8_t*>(raw.data()), DataType::from_name("int16"),
+              reinterpret_cast<uint8_t*>(filled.data()), OutputType::kFloat32, raw.size(), n);
+  EXPECT_EQ(filled[0], 0.5f);
+  EXPECT_EQ(filled[4], got[4]);
+  EXPECT_FALSE(n.identity());
+  // A float32 copy of the stored value unpacks the same (the GPU path unpacks from it).
+  EXPECT_EQ(n.apply(static_cast<float>(raw[4])), got[4]);
+
+  const std::vector<uint8_t> labels = {0, 1, 255, 2};
+  Normalization masked;
+  masked.unpack.active = true;
+  masked.unpack.missing[0] = 255;
+  masked.unpack.missing_count = 1;
+  std::vector<int64_t> out(labels.size());
+  cast_values(labels.data(), DataType::from_name("uint8"), reinterpret_cast<uint8_t*>(out.data()),
+              OutputType::kInt64, labels.size(), masked);
+  EXPECT_EQ(out, (std::vector<int64_t>{0, 1, kIgnoreLabel, 2}));
+}
+
 TEST(StreamValues, IntegerLabelsStayExact) {
   std::vector<int32_t> labels(100000);
   for (size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<int32_t>(i % 3) - 1;

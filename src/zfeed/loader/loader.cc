@@ -22,6 +22,7 @@
 #include "zfeed/util/io_counters.h"
 #include "zfeed/util/scratch.h"
 #include "zfeed/util/thread_pool.h"
+#include "zfeed/zarr/cf.h"
 #include "zfeed/zarr/group.h"
 
 namespace zfeed::loader {
@@ -521,12 +522,24 @@ Loader::Loader(LoaderSpec spec) : spec_(std::move(spec)), shared_(std::make_shar
                     std::to_string(levels.size()) + "), got " + std::to_string(mean.size()) +
                     " and " + std::to_string(stdev.size()));
       }
-      // An integer target without statistics is a label (a segmentation mask); with statistics
-      // it is a packed physical quantity, normalized like any other.
+      // CF encoding (scale_factor, add_offset, missing values): decoded as xarray does, first.
+      const zarr::CfEncoding cf = zarr::cf_encoding(meta, what);
+      if (cf.missing.size() > CfUnpack::kMaxMissing) {
+        throw UnsupportedError(what + " has " + std::to_string(cf.missing.size()) +
+                               " _FillValue and missing_value values; at most " +
+                               std::to_string(CfUnpack::kMaxMissing) + " are supported");
+      }
+      CfUnpack unpack;
+      unpack.active = cf.active();
+      unpack.scale = cf.scale;
+      unpack.offset = cf.offset;
+      for (const double m : cf.missing) unpack.missing[unpack.missing_count++] = m;
+      // An integer target without statistics is a label (a segmentation mask); with statistics,
+      // or CF-packed, it is a physical quantity, normalized like any other.
       const bool has_stats = !variable.mean.empty() || (meta.attributes.is_object() &&
                                                         meta.attributes.contains("zfeed_stats"));
-      const bool label =
-          std::string_view(role) == "target" && is_integer_type(meta.dtype) && !has_stats;
+      const bool label = std::string_view(role) == "target" && is_integer_type(meta.dtype) &&
+                         !has_stats && !cf.packed;
       for (size_t k = 0; k < levels.size(); ++k) {
         Channel channel;
         channel.variable = variable.name;
@@ -546,6 +559,7 @@ Loader::Loader(LoaderSpec spec) : spec_(std::move(spec)), shared_(std::make_shar
           channel.fill_nan = true;
           channel.nan_value = *spec_.fill_nan;
         }
+        channel.unpack = unpack;
         if (is_static) {
           channel.is_static = true;
           static_channels.push_back(channel);
@@ -861,8 +875,10 @@ void Loader::plan_pieces(uint64_t epoch, std::span<const uint64_t> times, void* 
   const size_t in_size = output_size(in_type), out_size = output_size(out_type);
   auto add = [&](const Source& source, uint64_t time, std::array<uint64_t, 2> origin, uint8_t* dst,
                  OutputType out, const Channel& channel) {
+    // Deferred, the consumer normalizes (unpacking too) from the raw values; labels are
+    // never normalized, their missing values become kIgnoreLabel here.
     const Normalization normalization =
-        spec_.defer_normalization ? Normalization{} : channel.normalization();
+        spec_.defer_normalization && !source.label ? Normalization{} : channel.normalization();
     Piece piece{source.array, time, source.level, origin[0], origin[1], dst, out, normalization};
     (cached_[source.array] ? cached : direct).push_back(piece);
   };

@@ -147,9 +147,12 @@ struct Channel {
   float mean = 0.0f;  // out = (float(x) - mean) / std in float32, when normalized
   float std = 1.0f;
   bool is_static = false;  // a (lat, lon) input: the same plane for every sample
+  CfUnpack unpack{};       // CF scale_factor / add_offset / missing values (zarr/cf.h), first
   bool fill_nan = false;   // NaN becomes nan_value (after normalization): LoaderSpec::fill_nan
   float nan_value = 0.0f;
-  Normalization normalization() const { return {normalized, mean, std, fill_nan, nan_value}; }
+  Normalization normalization() const {
+    return {normalized, mean, std, fill_nan, nan_value, unpack};
+  }
 };
 
 // A stored chunk handed to the consumer undecoded (LoaderSpec::pass_compressed).
