@@ -352,12 +352,35 @@ def test_the_loader_reads_the_packed_ecmwf_store_as_xarray_does(shared):
     xr = pytest.importorskip("xarray")
     path = shared / "data" / "ecmwf-t-z-2007-01-01.zarr"
     want = xr.open_zarr(path)
-    loader = zfeed.Loader(path, inputs=[("t", [0, 1]), ("z", [1])], targets=[], lead=0, batch_size=1,
-                          shuffle=False, normalize=False)
+    loader = zfeed.Loader(path, inputs=[("t", [0, 1]), {"name": "z", "level_values": [850]}], targets=[], lead=0,
+                          batch_size=1, shuffle=False, normalize=False)
+    assert [c["level"] for c in loader.input_channels] == [0, 1, 1]  # the level coordinate is [500, 850]
     batch = next(iter(loader))
     np.testing.assert_array_equal(batch["inputs"][0, 0], want["t"].values[0, 0].astype("float32"))
     np.testing.assert_array_equal(batch["inputs"][0, 1], want["t"].values[0, 1].astype("float32"))
     np.testing.assert_array_equal(batch["inputs"][0, 2], want["z"].values[0, 1].astype("float32"))
+
+
+def test_levels_are_selected_by_their_coordinate_values(tmp_path):
+    rng = np.random.default_rng(12)
+    root = zfeed.create_group(tmp_path / "levels.zarr")
+    t = rng.standard_normal((T, 3, LAT, LON)).astype("float32")
+    root.create_array("t", shape=t.shape, chunks=(1, 1, LAT, LON), dtype="float32", compressor="zstd:3", data=t,
+                      dimension_names=["time", "level", "latitude", "longitude"])
+    root.create_array("level", shape=(3,), chunks=(3,), dtype="int32", data=np.array([1000, 850, 500], "int32"),
+                      dimension_names=["level"])
+    loader = zfeed.Loader(tmp_path / "levels.zarr", inputs=[{"name": "t", "level_values": [500, 1000]}],
+                          targets=[{"name": "t", "level_values": [850]}], batch_size=4, drop_last=False)
+    assert [c["level"] for c in loader.input_channels] == [2, 0]
+    for batch in loader:
+        for i, time in enumerate(batch["times"]):
+            np.testing.assert_array_equal(batch["inputs"][i], t[time, [2, 0]])
+            np.testing.assert_array_equal(batch["targets"][i, 0], t[time + 1, 1])
+    with pytest.raises(zfeed.ZarrError, match=r"level value 700 is not in the coordinate 'level' \(it holds 1000, 850, "
+                                              r"500\)"):
+        zfeed.Loader(tmp_path / "levels.zarr", inputs=[{"name": "t", "level_values": [700]}])
+    with pytest.raises(zfeed.ZarrError, match="give levels \\(indices\\) or level_values, not both"):
+        zfeed.Loader(tmp_path / "levels.zarr", inputs=[{"name": "t", "levels": [0], "level_values": [500]}])
 
 
 def _child_batches(loader, queue):

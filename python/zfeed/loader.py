@@ -174,7 +174,8 @@ class Loader:
 
     ``store``: a path, URL, store or :class:`zfeed.Group`. ``inputs``/``targets``: variable names,
     ``(name, level_index or [level_indices])`` for (time, level, lat, lon) arrays, or dicts
-    ``{"name", "levels", "mean", "std"}``. ``normalize``: True (given statistics, else each
+    ``{"name", "levels", "level_values", "mean", "std"}`` (``level_values``: levels by the values
+    of the coordinate named like the level dimension, as xarray's ``.sel``: ``[500, 850]``). ``normalize``: True (given statistics, else each
     array's ``zfeed_stats`` attribute ``{"mean": .., "std": ..}``, else none), False, or a dict
     ``{name: (mean, std)}``. ``crop``: ``(lat_start, lat_size, lon_start, lon_size)``.
     ``random_crop``: ``(lat_size, lon_size)``, a window per sample drawn from (seed, epoch, time).

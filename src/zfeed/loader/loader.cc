@@ -11,7 +11,9 @@
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <iomanip>
 #include <mutex>
+#include <sstream>
 #include <unordered_map>
 
 #include "zfeed/codec/data_type.h"
@@ -77,6 +79,8 @@ VariableSpec parse_variable(const Json& value, const char* role) {
       spec.levels.push_back(json_to_uint64(levels, what + "level"));
     }
   }
+  if (value.contains("level_values") && !value["level_values"].is_null())
+    spec.level_values = json_numbers(value["level_values"], what + "level_values");
   if (value.contains("mean") && !value["mean"].is_null())
     spec.mean = json_numbers(value["mean"], what + "mean");
   if (value.contains("std") && !value["std"].is_null())
@@ -440,12 +444,68 @@ Loader::Loader(LoaderSpec spec) : spec_(std::move(spec)), shared_(std::make_shar
   std::optional<size_t> reference;  // the array the others are checked against (it has time)
   std::vector<Channel> static_channels;
   std::vector<size_t> static_arrays;
+  // Level values to indices along dim 1, through the coordinate array named like that dimension
+  // (as xarray's .sel).
+  auto level_indices = [&](const zarr::Array& array, const VariableSpec& variable,
+                           const std::string& what) {
+    const auto& meta = array.metadata();
+    if (meta.rank() != 4) throw Error(what + " has no level dimension to select level_values on");
+    if (!variable.levels.empty())
+      throw Error(what + ": give levels (indices) or level_values, not both");
+    const auto& dims = meta.dimension_names;
+    if (!dims || !(*dims)[1]) {
+      throw Error(what +
+                  ": its dimension 1 has no name, so no coordinate holds its level values: "
+                  "give levels (indices)");
+    }
+    const std::string dim = *(*dims)[1];
+    std::optional<zarr::Array> coordinate;
+    try {
+      coordinate = zarr::Array::open(spec_.store, zarr::join_key(spec_.path, dim));
+    } catch (const NotFoundError&) {
+      throw Error(what + ": no coordinate array '" + dim +
+                  "' in the group to find level_values in");
+    }
+    const auto& cm = coordinate->metadata();
+    if (cm.rank() != 1 || cm.shape[0] != meta.shape[1]) {
+      throw Error(what + ": the coordinate '" + dim + "' has shape " + shape_text(cm.shape) +
+                  ", not (" + std::to_string(meta.shape[1]) + ")");
+    }
+    Bytes raw(cm.shape[0] * cm.dtype.size());
+    coordinate->read(coordinate->full_selection(), raw.data());
+    std::vector<float> values(cm.shape[0]);
+    cast_values(raw.data(), cm.dtype, reinterpret_cast<uint8_t*>(values.data()),
+                OutputType::kFloat32, values.size(), Normalization{});
+    auto text = [](double value) {
+      std::ostringstream out;
+      out << std::setprecision(10) << value;
+      return out.str();
+    };
+    std::vector<uint64_t> indices;
+    for (const double wanted : variable.level_values) {
+      const auto found = std::find(values.begin(), values.end(), static_cast<float>(wanted));
+      if (found == values.end()) {
+        std::string held;
+        for (const float v : values) held += (held.empty() ? "" : ", ") + text(v);
+        throw Error(what + ": level value " + text(wanted) + " is not in the coordinate '" + dim +
+                    "' (it holds " + held + ")");
+      }
+      indices.push_back(static_cast<uint64_t>(found - values.begin()));
+    }
+    return indices;
+  };
   auto resolve = [&](const std::vector<VariableSpec>& variables, const char* role,
                      std::vector<Source>& sources, std::vector<Channel>& channels) {
-    for (const auto& variable : variables) {
+    for (VariableSpec variable : variables) {
       const auto [a, stacked_channel] = find_variable(variable.name, role);
       const auto& meta = arrays_[a].metadata();
       const std::string what = std::string("loader: ") + role + " variable '" + variable.name + "'";
+      if (!variable.level_values.empty()) {
+        if (stacked_channel)
+          throw Error(what + " is a channel of the stacked array '" + spec_.stacked +
+                      "' and has no levels to select");
+        variable.levels = level_indices(arrays_[a], variable, what);
+      }
       const bool is_static = meta.rank() == 2 && !stacked_channel;
       if (is_static && std::string_view(role) != "input") {
         throw Error(what + " has shape " + shape_text(meta.shape) +

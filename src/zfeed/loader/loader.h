@@ -49,6 +49,9 @@ struct VariableSpec {
   // For (time, level, lat, lon) arrays: the level indices to stack (empty: every level). Must be
   // empty for (time, lat, lon) arrays and stacked channels.
   std::vector<uint64_t> levels;
+  // Or the levels by their coordinate values, as xarray's .sel: the values of the coordinate
+  // array named like the array's dimension 1, in the group ([500, 850] for hPa levels).
+  std::vector<double> level_values;
   // Given statistics: empty (use the array's "zfeed_stats" attribute, if any), one value, or one
   // per selected level.
   std::vector<double> mean;
@@ -128,8 +131,8 @@ struct LoaderSpec {
   // streams on the host, so it reads them).
   std::function<bool(const zarr::Array&)> locatable;
 
-  // From JSON: {"path", "inputs": [{"name", "levels", "mean", "std"} | "name", ...], "targets",
-  // "lead" (a number, or a list for `leads`), "history", "history_step",
+  // From JSON: {"path", "inputs": [{"name", "levels" | "level_values", "mean", "std"} | "name",
+  // ...], "targets", "lead" (a number, or a list for `leads`), "history", "history_step",
   // "time_range": [start | null, stop | null],
   // "crop": [lat_start, lat_size, lon_start, lon_size],
   // "random_crop": [lat_size, lon_size], "dtype", "stacked", "order", "window", "cache_bytes",

@@ -1444,6 +1444,11 @@ TEST(Loader, SpecFromJson) {
   EXPECT_EQ(spec.window, 3u);
   EXPECT_EQ(spec.cache_bytes, 1000u);
   EXPECT_EQ(spec.stacked, "fields");
+  EXPECT_EQ(LoaderSpec::from_json(store, Json::parse(R"({"inputs": [{"name": "z",
+                                                       "level_values": [500, 850.5]}]})"))
+                .inputs[0]
+                .level_values,
+            (std::vector<double>{500, 850.5}));
   EXPECT_CONTAINS(
       error_of([&] { LoaderSpec::from_json(store, Json::parse(R"({"dtype": "float8"})")); }),
       "dtype must be float32, float16 or bfloat16");
