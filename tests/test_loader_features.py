@@ -383,6 +383,15 @@ def test_levels_are_selected_by_their_coordinate_values(tmp_path):
         zfeed.Loader(tmp_path / "levels.zarr", inputs=[{"name": "t", "levels": [0], "level_values": [500]}])
 
 
+def test_dims_in_another_order_are_refused_naming_them(tmp_path):
+    root = zfeed.create_group(tmp_path / "order.zarr")
+    root.create_array("t2m", shape=(LAT, LON, T), chunks=(LAT, LON, 1), dtype="float32",
+                      dimension_names=["latitude", "longitude", "time"])
+    with pytest.raises(zfeed.ZarrError, match=r"input variable 't2m' has dims \(latitude, longitude, time\): the "
+                                              r"loader reads \(time, lat, lon\) or \(time, level, lat, lon\)"):
+        zfeed.Loader(tmp_path / "order.zarr", inputs=["t2m"])
+
+
 def _child_batches(loader, queue):
     queue.put([b["times"].tolist() + b["inputs"].ravel()[:5].tolist() for b in loader])
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -11,9 +12,11 @@
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <initializer_list>
 #include <iomanip>
 #include <mutex>
 #include <sstream>
+#include <string_view>
 #include <unordered_map>
 
 #include "zfeed/codec/data_type.h"
@@ -88,6 +91,36 @@ VariableSpec parse_variable(const Json& value, const char* role) {
   if (spec.mean.empty() != spec.std.empty())
     throw Error(what + "give both mean and std, or neither");
   return spec;
+}
+
+// Dimension names, where an array has them, must not contradict the layout the loader reads: time
+// first, the grid last (a store written (lat, lon, time) would otherwise be read wrongly, with no
+// error, wherever its shape agrees with the others').
+bool named_like(const std::optional<std::string>& name,
+                std::initializer_list<std::string_view> names) {
+  if (!name) return false;
+  std::string lower = *name;
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return std::find(names.begin(), names.end(), lower) != names.end();
+}
+
+void check_dimension_order(const std::vector<std::optional<std::string>>& dims, bool is_static,
+                           const std::string& what) {
+  const std::initializer_list<std::string_view> grid = {"lat", "latitude", "lon",  "longitude",
+                                                        "x",   "y",        "rlat", "rlon"};
+  const std::initializer_list<std::string_view> levels = {
+      "level", "lev", "plev", "pressure_level", "isobaricinhpa", "height", "depth"};
+  const std::initializer_list<std::string_view> times = {"time", "valid_time", "t",
+                                                         "forecast_reference_time"};
+  bool wrong = !is_static && (named_like(dims[0], grid) || named_like(dims[0], levels));
+  for (size_t d = dims.size() - 2; d < dims.size(); ++d) wrong |= named_like(dims[d], times);
+  if (!wrong) return;
+  std::string text;
+  for (const auto& dim : dims) text += (text.empty() ? "" : ", ") + dim.value_or("?");
+  throw Error(what + " has dims (" + text + "): the loader reads " +
+              (is_static ? std::string("(lat, lon)")
+                         : std::string("(time, lat, lon) or (time, level, lat, lon)")) +
+              "; rewrite it in that order (zfeed convert, or xarray's transpose)");
 }
 
 bool is_integer_type(DataType type) {
@@ -519,6 +552,8 @@ Loader::Loader(LoaderSpec spec) : spec_(std::move(spec)), shared_(std::make_shar
       if (meta.dtype.is_complex())
         throw UnsupportedError(what + " is " + std::string(meta.dtype.name()) +
                                ": complex values cannot be cast to a batch");
+      if (meta.dimension_names && !stacked_channel)
+        check_dimension_order(*meta.dimension_names, is_static, what);
       const size_t r = meta.rank();
       if (!is_static) {  // static fields are checked against the grid once it is known
         if (!reference) reference = a;
