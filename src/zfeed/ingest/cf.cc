@@ -15,17 +15,8 @@ template <typename In, typename Out>
 void decode(const CfDecoding& plan, const void* in_bytes, void* out_bytes, size_t count) {
   const In* in = static_cast<const In*>(in_bytes);
   Out* out = static_cast<Out*>(out_bytes);
-  const Out nan = std::numeric_limits<Out>::quiet_NaN();
-  const bool scaled = plan.scale != 1.0 || plan.offset != 0.0;
   for (size_t i = 0; i < count; ++i) {
-    const double raw = static_cast<double>(in[i]);
-    bool masked = false;
-    for (double m : plan.missing) masked |= (raw == m);
-    if (masked) {
-      out[i] = nan;
-    } else {
-      out[i] = static_cast<Out>(scaled ? raw * plan.scale + plan.offset : raw);
-    }
+    out[i] = static_cast<Out>(plan.encoding.decode(static_cast<double>(in[i])));
   }
 }
 
@@ -74,10 +65,7 @@ CfDecoding plan_cf_decoding(const Variable& variable) {
     return plan;  // left as stored
   }
   plan.active = true;
-  const zarr::CfEncoding encoding = zarr::cf_encoding(variable.dtype, attrs, variable.name);
-  plan.scale = encoding.scale;
-  plan.offset = encoding.offset;
-  plan.missing = encoding.missing;
+  plan.encoding = zarr::cf_encoding(variable.dtype, attrs, variable.name);
   if (packed) {
     plan.output = DataType{DataTypeId::kFloat32};
   } else if (variable.dtype.is_integer()) {

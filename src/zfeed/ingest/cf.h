@@ -9,16 +9,15 @@
 #include "zfeed/codec/data_type.h"
 #include "zfeed/ingest/source.h"
 #include "zfeed/util/json.h"
+#include "zfeed/zarr/cf.h"
 
 namespace zfeed::ingest {
 
 struct CfDecoding {
   bool active = false;  // false: values are copied unchanged
   DataType input;
-  DataType output;  // float32 where packed; float32/float64 where only masked
-  double scale = 1.0;
-  double offset = 0.0;
-  std::vector<double> missing;       // stored values that decode to NaN
+  DataType output;                   // float32 where packed; float32/float64 where only masked
+  zarr::CfEncoding encoding;         // scale, offset and the stored values that decode to NaN
   Json attributes = Json::object();  // the attributes to write (the CF encoding ones dropped)
 
   // Decodes `count` values of `input` at `in` into `out` (values of `output`). Without

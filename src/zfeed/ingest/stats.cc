@@ -219,11 +219,7 @@ ArrayStats compute_array_stats(const zarr::Array& array, const std::string& name
     to_double(meta.dtype, raw.data(), n, values.data());
     raw = {};
     if (decode) {
-      for (double& x : values) {
-        bool missing = false;
-        for (const double m : cf.missing) missing |= x == m;
-        x = missing ? NAN : x * cf.scale + cf.offset;
-      }
+      for (double& x : values) x = cf.decode(x);
     }
     std::vector<RunningStats> partial(num_levels);
     // Run length: the product of the dimensions after the last level (or time) dimension.

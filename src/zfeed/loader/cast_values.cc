@@ -45,45 +45,45 @@ double to_double(T value) {
   }
 }
 
+// Stores value_of(each of the `count` T values at src) as Out at dst. One loop per way of making
+// a value (below), each simple enough for the compiler to vectorize.
+template <typename T, OutputType Out, typename ValueOf>
+void store_each(const uint8_t* src, uint8_t* dst, size_t count, ValueOf value_of) {
+  constexpr size_t kOut = Out == OutputType::kInt64 ? 8 : (Out == OutputType::kFloat32 ? 4 : 2);
+  for (size_t i = 0; i < count; ++i) {
+    T value;
+    std::memcpy(&value, src + i * sizeof(T), sizeof(T));
+    if constexpr (std::is_same_v<decltype(value_of(value)), int64_t>) {
+      const int64_t label = value_of(value);
+      std::memcpy(dst + i * kOut, &label, kOut);
+    } else {
+      store_value(value_of(value), Out, dst + i * kOut);
+    }
+  }
+}
+
 template <typename T, OutputType Out>
 void cast_run(const uint8_t* src, uint8_t* dst, size_t count, Normalization normalization) {
-  constexpr size_t kOut = Out == OutputType::kInt64 ? 8 : (Out == OutputType::kFloat32 ? 4 : 2);
   if constexpr (Out == OutputType::kInt64 && !std::is_same_v<T, Float16Bits> &&
                 !std::is_same_v<T, BFloat16Bits> && std::is_integral_v<T>) {
     // Integer labels: exact, never through float; a missing value (CF) is kIgnoreLabel.
     const CfUnpack& cf = normalization.unpack;
-    for (size_t i = 0; i < count; ++i) {
-      T value;
-      std::memcpy(&value, src + i * sizeof(T), sizeof(T));
-      const int64_t label = cf.missing_count && cf.is_missing(static_cast<double>(value))
-                                ? kIgnoreLabel
-                                : static_cast<int64_t>(value);
-      std::memcpy(dst + i * kOut, &label, kOut);
-    }
+    store_each<T, Out>(src, dst, count, [&](T value) -> int64_t {
+      return cf.missing_count && cf.is_missing(static_cast<double>(value))
+                 ? kIgnoreLabel
+                 : static_cast<int64_t>(value);
+    });
   } else if (normalization.unpack.active) {
-    for (size_t i = 0; i < count; ++i) {
-      T value;
-      std::memcpy(&value, src + i * sizeof(T), sizeof(T));
-      store_value(normalization.apply_stored(to_double(value)), Out, dst + i * kOut);
-    }
+    store_each<T, Out>(src, dst, count,
+                       [&](T value) { return normalization.apply_stored(to_double(value)); });
   } else if (normalization.fill_nan) {
-    for (size_t i = 0; i < count; ++i) {
-      T value;
-      std::memcpy(&value, src + i * sizeof(T), sizeof(T));
-      store_value(normalization.apply(to_float(value)), Out, dst + i * kOut);
-    }
+    store_each<T, Out>(src, dst, count,
+                       [&](T value) { return normalization.apply(to_float(value)); });
   } else if (normalization.enabled) {
-    for (size_t i = 0; i < count; ++i) {
-      T value;
-      std::memcpy(&value, src + i * sizeof(T), sizeof(T));
-      store_value(normalization.scale(to_float(value)), Out, dst + i * kOut);
-    }
+    store_each<T, Out>(src, dst, count,
+                       [&](T value) { return normalization.scale(to_float(value)); });
   } else {
-    for (size_t i = 0; i < count; ++i) {
-      T value;
-      std::memcpy(&value, src + i * sizeof(T), sizeof(T));
-      store_value(to_float(value), Out, dst + i * kOut);
-    }
+    store_each<T, Out>(src, dst, count, [](T value) { return to_float(value); });
   }
 }
 

@@ -4,6 +4,7 @@
 // that they agree on what a stored value means.
 #pragma once
 
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,14 @@ struct CfEncoding {
   double offset = 0.0;
   std::vector<double> missing;  // stored values that decode to NaN
   bool active() const { return packed || !missing.empty(); }
+  // A stored value decoded: NaN where missing, else raw * scale + offset (raw itself where those
+  // change nothing, so that -0.0 stays). The loader's per-element copy is loader::CfUnpack.
+  double decode(double raw) const {
+    for (const double m : missing) {
+      if (raw == m) return std::numeric_limits<double>::quiet_NaN();
+    }
+    return scale != 1.0 || offset != 0.0 ? raw * scale + offset : raw;
+  }
 };
 
 // From `attributes` for values of `dtype`; inactive for half floats and non-numeric types (left as
