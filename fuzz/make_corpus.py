@@ -375,6 +375,24 @@ def grib_seeds() -> None:
     write_seed("grib_fuzz", grib_sample("regular_gg_sfc_grib1", 0, 0, False))
 
 
+def list_objects_seeds() -> None:
+    """ListObjectsV2 responses as S3 and S3-compatible servers send them."""
+    contents = "".join(
+        f"<Contents><Key>{key}</Key><LastModified>2026-12-01T10:00:00.000Z</LastModified>"
+        f"<ETag>&quot;5d41402abc4b2a76b9719d911017c592&quot;</ETag><Size>{size}</Size>"
+        "<StorageClass>STANDARD</StorageClass></Contents>"
+        for key, size in (("era5.zarr/zarr.json", 612), ("era5.zarr/t2m/c/0/0/0", 3145728),
+                          ("era5.zarr/a&amp;b/&#x63;&#47;1", 0)))
+    for truncated in (False, True):
+        token = "<NextContinuationToken>1ueGcxLPRx1Tr/XYExHnhbYLgveDs2J/wm36Hy4vbOwM=</NextContinuationToken>"
+        write_seed("list_objects_fuzz", (
+            '<?xml version="1.0" encoding="UTF-8"?>\n<ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
+            f"<Name>weather</Name><Prefix>era5.zarr/</Prefix><KeyCount>3</KeyCount><MaxKeys>1000</MaxKeys>"
+            f"<IsTruncated>{'true' if truncated else 'false'}</IsTruncated>{contents}"
+            f"{token if truncated else ''}</ListBucketResult>").encode())
+    write_seed("list_objects_fuzz", b"<ListBucketResult><IsTruncated>false</IsTruncated></ListBucketResult>")
+
+
 def main() -> int:
     if CORPUS.exists():
         shutil.rmtree(CORPUS)
@@ -384,6 +402,7 @@ def main() -> int:
     array_seeds()
     metadata_seeds()
     grib_seeds()
+    list_objects_seeds()
     total = 0
     for folder in sorted(CORPUS.iterdir()):
         files = list(folder.iterdir())

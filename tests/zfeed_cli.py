@@ -20,8 +20,9 @@ def zfeed_command() -> str:
     return found
 
 
-def run(*args, ok=True, timeout=300) -> subprocess.CompletedProcess:
-    result = subprocess.run([zfeed_command(), *map(str, args)], capture_output=True, text=True, timeout=timeout)
+def run(*args, ok=True, timeout=300, cwd=None) -> subprocess.CompletedProcess:
+    result = subprocess.run([zfeed_command(), *map(str, args)], capture_output=True, text=True, timeout=timeout,
+                            cwd=cwd)
     if ok:
         assert result.returncode == 0, f"zfeed {' '.join(map(str, args))} failed ({result.returncode}): {result.stderr}"
     return result

@@ -82,23 +82,31 @@ NB_MODULE(_core, m) {
       .def_prop_ro("url", &zfeed::Store::url)
       .def("get",
            [](const zfeed::Store& store, const std::string& key) -> std::optional<nb::bytes> {
-             auto value = store.get(key);
+             std::optional<zfeed::Bytes> value;
+             {
+               nb::gil_scoped_release release;  // a remote store waits on the network
+               value = store.get(key);
+             }
              if (!value) return std::nullopt;
              return nb::bytes(reinterpret_cast<const char*>(value->data()), value->size());
            })
       .def("set",
            [](zfeed::Store& store, const std::string& key, nb::bytes value) {
-             store.set(key, zfeed::ByteView(reinterpret_cast<const uint8_t*>(value.c_str()),
-                                            value.size()));
+             const zfeed::ByteView view(reinterpret_cast<const uint8_t*>(value.c_str()),
+                                        value.size());
+             nb::gil_scoped_release release;  // `value` stays alive: the caller holds it
+             store.set(key, view);
            })
-      .def("erase", &zfeed::Store::erase)
-      .def("list", &zfeed::Store::list, "prefix"_a = "");
+      .def("erase", &zfeed::Store::erase, nb::call_guard<nb::gil_scoped_release>())
+      .def("list", &zfeed::Store::list, "prefix"_a = "", nb::call_guard<nb::gil_scoped_release>());
 
-  m.def("open_store", &zfeed::open_store, "path"_a, "create"_a = false);
+  m.def("open_store", &zfeed::open_store, "path"_a, "create"_a = false,
+        nb::call_guard<nb::gil_scoped_release>());
   m.def("memory_store", &zfeed::make_memory_store);
 
   nb::class_<Array>(m, "Array")
-      .def_static("open", &Array::open, "store"_a, "path"_a = "")
+      .def_static("open", &Array::open, "store"_a, "path"_a = "",
+                  nb::call_guard<nb::gil_scoped_release>())
       .def_static(
           "create",
           [](std::shared_ptr<zfeed::Store> store, const std::string& path,
@@ -118,7 +126,8 @@ NB_MODULE(_core, m) {
             }
             return Array::create(store, path, std::move(meta), overwrite);
           },
-          "store"_a, "path"_a, "metadata"_a, "zattrs"_a = "", "overwrite"_a = false)
+          "store"_a, "path"_a, "metadata"_a, "zattrs"_a = "", "overwrite"_a = false,
+          nb::call_guard<nb::gil_scoped_release>())
       .def_prop_ro("path", &Array::path)
       .def_prop_ro("store", &Array::store)
       .def_prop_ro("shape", [](const Array& a) { return a.metadata().shape; })
@@ -140,8 +149,10 @@ NB_MODULE(_core, m) {
              return meta.zarr_format == 3 ? meta.to_json_v3().dump() : meta.to_zarray().dump();
            })
       .def("attributes_json", [](const Array& a) { return a.metadata().attributes.dump(); })
-      .def("set_attributes_json",
-           [](Array& a, const std::string& text) { a.set_attributes(parse(text)); })
+      .def(
+          "set_attributes_json",
+          [](Array& a, const std::string& text) { a.set_attributes(parse(text)); },
+          nb::call_guard<nb::gil_scoped_release>())
       .def("fill_value_json",
            [](const Array& a) {
              return zfeed::fill_value_to_json(a.metadata().fill_value, a.metadata().dtype).dump();
@@ -155,7 +166,14 @@ NB_MODULE(_core, m) {
       .def("codecs_json", [](const Array& a) { return a.codecs().to_json().dump(); })
       .def("storage_info",
            [](const Array& a) {
-             auto info = a.storage_info();
+             zfeed::zarr::StorageInfo info;
+             {
+               nb::gil_scoped_release release;  // lists the store
+               info = a.storage_info();
+             }
+             if (!info.known) {  // a store that cannot list (plain HTTP)
+               return nb::make_tuple(nb::none(), nb::none(), info.objects_total);
+             }
              return nb::make_tuple(info.stored_bytes, info.objects_present, info.objects_total);
            })
       .def(
@@ -203,7 +221,8 @@ NB_MODULE(_core, m) {
           "starts"_a, "stops"_a, "steps"_a, "values"_a);
 
   nb::class_<Group>(m, "Group")
-      .def_static("open", &Group::open, "store"_a, "path"_a = "")
+      .def_static("open", &Group::open, "store"_a, "path"_a = "",
+                  nb::call_guard<nb::gil_scoped_release>())
       .def_static(
           "create",
           [](std::shared_ptr<zfeed::Store> store, const std::string& path, int zarr_format,
@@ -212,19 +231,23 @@ NB_MODULE(_core, m) {
                                  attributes.empty() ? Json::object() : parse(attributes),
                                  overwrite);
           },
-          "store"_a, "path"_a = "", "zarr_format"_a = 3, "attributes"_a = "", "overwrite"_a = false)
+          "store"_a, "path"_a = "", "zarr_format"_a = 3, "attributes"_a = "", "overwrite"_a = false,
+          nb::call_guard<nb::gil_scoped_release>())
       .def_prop_ro("path", &Group::path)
       .def_prop_ro("store", &Group::store)
       .def_prop_ro("zarr_format", &Group::zarr_format)
       .def_prop_ro("is_consolidated", &Group::is_consolidated)
       .def("attributes_json", [](const Group& g) { return g.attributes().dump(); })
-      .def("set_attributes_json",
-           [](Group& g, const std::string& text) { g.set_attributes(parse(text)); })
-      .def("members", &Group::members)
-      .def("open_member", &Group::open_member, "name"_a)
-      .def("consolidate", &Group::consolidate);
+      .def(
+          "set_attributes_json",
+          [](Group& g, const std::string& text) { g.set_attributes(parse(text)); },
+          nb::call_guard<nb::gil_scoped_release>())
+      .def("members", &Group::members, nb::call_guard<nb::gil_scoped_release>())
+      .def("open_member", &Group::open_member, "name"_a, nb::call_guard<nb::gil_scoped_release>())
+      .def("consolidate", &Group::consolidate, nb::call_guard<nb::gil_scoped_release>());
 
-  m.def("open_node", &zfeed::zarr::open_node, "store"_a, "path"_a = "");
+  m.def("open_node", &zfeed::zarr::open_node, "store"_a, "path"_a = "",
+        nb::call_guard<nb::gil_scoped_release>());
   m.def("registered_codecs", &zfeed::registered_codecs);
   // What this build holds: the optional input formats (with the reason where one is absent), and
   // whether CUDA and nvCOMP were compiled in (cuda_status() says whether a GPU is usable here).

@@ -70,6 +70,7 @@ void bind_loader(nb::module_& m) {
   cls.def(
          "__init__",
          [](Loader* self, std::shared_ptr<zfeed::Store> store, const std::string& spec) {
+           nb::gil_scoped_release release;  // a remote store's reads wait on the network
            new (self) Loader(zfeed::loader::LoaderSpec::from_json(
                std::move(store), zfeed::parse_json(spec, "loader spec from Python")));
          },

@@ -207,6 +207,8 @@ class Array:
         return Attributes(self._core)
 
     def info(self) -> dict:
+        """What the array holds; ``stored_bytes`` and ``objects_present`` are None where the store
+        cannot list its keys (plain HTTP)."""
         stored, present, total = self._core.storage_info()
         return {
             "shape": self.shape,

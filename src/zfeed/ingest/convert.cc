@@ -779,6 +779,11 @@ ConvertResult convert(const ConvertOptions& options) {
   const std::string verb = options.rechunk ? "rechunk" : "convert";
   if (options.inputs.empty()) throw Error(verb + ": no input given");
   if (options.output.empty()) throw Error(verb + ": no output given");
+  if (options.output.find("://") != std::string::npos) {
+    // Its progress record, resume and --overwrite work on a local directory.
+    throw UnsupportedError(verb + ": the output \"" + options.output +
+                           "\" is not a local directory path; write it locally, then upload it");
+  }
   if (options.max_memory == 0) throw Error("--max-memory must be positive");
   compressor_codec(options.codec, DataType{DataTypeId::kFloat32});  // fail early on a bad spec
   std::error_code ec;

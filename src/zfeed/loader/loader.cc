@@ -390,6 +390,7 @@ void register_fork_handlers() {
 
 Loader::Loader(LoaderSpec spec) : spec_(std::move(spec)), shared_(std::make_shared<Shared>()) {
   if (!spec_.store) throw Error("loader: no store");
+  pool_ = &ThreadPool::for_reads(spec_.store->read_concurrency());
   if (spec_.inputs.empty()) throw Error("loader: no input variables");
   if (spec_.history == 0) throw Error("loader: history must be at least 1");
   if (spec_.history_step == 0) throw Error("loader: history_step must be at least 1");
@@ -910,8 +911,8 @@ uint64_t Loader::memory_bound() const {
   // not the loader's memory, though the process's resident size counts them (RssFile).
   uint64_t statics = 0;  // the static planes, whole
   for (const StaticPlane& plane : statics_) statics += plane.values.size();
-  return (spec_.prefetch + 1) * batch + cache_.budget() + 2 * in_flight +
-         ThreadPool::shared().size() * scratch + statics;
+  return (spec_.prefetch + 1) * batch + cache_.budget() + 2 * in_flight + pool_->size() * scratch +
+         statics;
 }
 
 std::array<uint64_t, 2> Loader::crop_origin(uint64_t epoch, uint64_t time) const {
@@ -1318,7 +1319,7 @@ void Loader::read_pieces(std::span<const Piece> cached, std::span<const Piece> d
   enum : uint8_t { kPending = 0, kDecoded = 1, kFailed = 2 };
   std::unique_ptr<std::atomic<uint8_t>[]> state(new std::atomic<uint8_t>[missing.size()]());
   const size_t decodes = missing.size(), alone = direct.size(), now = ready.size();
-  ThreadPool::shared().parallel_for(decodes + alone + now + waiting.size(), [&](size_t task) {
+  pool_->parallel_for(decodes + alone + now + waiting.size(), [&](size_t task) {
     MappedFiles::RereadScope rereading;  // every epoch reads these files again
     if (task < decodes) {
       const size_t m = task;
@@ -1424,7 +1425,7 @@ void Loader::produce_batches(uint64_t epoch, uint64_t first_batch) {
   auto land = [&]() -> Landed {
     std::unique_ptr<Flight> landing = std::move(flight);
     try {
-      ThreadPool::shared().wait(landing->work);
+      pool_->wait(landing->work);
     } catch (...) {
       landing->ready.error = std::current_exception();
     }
@@ -1439,7 +1440,7 @@ void Loader::produce_batches(uint64_t epoch, uint64_t first_batch) {
   auto abandon = [&] {
     if (!flight) return;
     try {
-      ThreadPool::shared().wait(flight->work);
+      pool_->wait(flight->work);
     } catch (...) {
     }
     std::lock_guard lock(shared.mutex);
@@ -1501,11 +1502,10 @@ void Loader::produce_batches(uint64_t epoch, uint64_t first_batch) {
           std::vector<Piece> cached;  // none here
           plan_pieces(epoch, times, memory->inputs.data(), memory->targets.data(), memory,
                       next->pieces, cached);
-          next->work =
-              ThreadPool::shared().start(next->pieces.size(), [this, batch = next.get()](size_t i) {
-                MappedFiles::RereadScope rereading;
-                read_direct_piece(batch->pieces[i], batch->ready.memory.get());
-              });
+          next->work = pool_->start(next->pieces.size(), [this, batch = next.get()](size_t i) {
+            MappedFiles::RereadScope rereading;
+            read_direct_piece(batch->pieces[i], batch->ready.memory.get());
+          });
         } catch (...) {
           next->ready.error = std::current_exception();
         }

@@ -39,6 +39,7 @@
 #include "zfeed/loader/sampler.h"
 #include "zfeed/store/store.h"
 #include "zfeed/util/json.h"
+#include "zfeed/util/thread_pool.h"
 #include "zfeed/zarr/array.h"
 
 namespace zfeed::loader {
@@ -367,6 +368,8 @@ class Loader {
   void produce_batches(uint64_t epoch, uint64_t first_batch);
 
   LoaderSpec spec_;
+  // Where the reads run: one thread per core, or the I/O pool for a remote store.
+  ThreadPool* pool_ = nullptr;
   std::vector<zarr::Array> arrays_;  // one per distinct variable name
   std::vector<Source> input_sources_, target_sources_;
   std::vector<std::vector<uint64_t>> read_chunks_;  // per array: its read chunk shape

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <set>
 
+#include "zfeed/store/http_store.h"
 #include "zfeed/util/error.h"
 #include "zfeed/util/scratch.h"
 
@@ -94,6 +95,15 @@ void Store::erase_prefix(std::string_view prefix) {
   for (const auto& key : list(prefix)) erase(key);
 }
 
+std::vector<std::pair<std::string, uint64_t>> Store::list_sizes(std::string_view prefix) const {
+  std::vector<std::pair<std::string, uint64_t>> out;
+  for (auto& key : list(prefix)) {
+    // A key removed since the listing is skipped, as if listed a moment later.
+    if (const auto found = size(key)) out.emplace_back(std::move(key), *found);
+  }
+  return out;
+}
+
 std::vector<std::string> Store::list_dir(std::string_view prefix) const {
   std::set<std::string> children;
   for (const auto& key : list(prefix)) {
@@ -129,8 +139,8 @@ std::shared_ptr<Store> open_store(const std::string& path_or_url, bool create) {
   if (path.starts_with("memory://")) return make_memory_store();
   if (path.starts_with("file://")) path.remove_prefix(7);
   if (path.find("://") != std::string_view::npos) {
-    throw UnsupportedError("unsupported store URL \"" + path_or_url +
-                           "\" (supported: file paths, file://, memory://)");
+    // Remote: there is nothing to create (an object store's prefix exists once a key is in it).
+    return make_http_store(http_store_options(path));
   }
   FileStoreOptions options;
   options.create = create;

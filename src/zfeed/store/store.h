@@ -93,9 +93,20 @@ class Store {
   // All keys that start with `prefix`, sorted.
   virtual std::vector<std::string> list(std::string_view prefix) const = 0;
 
+  // All keys that start with `prefix`, sorted, with their values' sizes. The default asks each
+  // key's size; object stores list sizes with the keys.
+  virtual std::vector<std::pair<std::string, uint64_t>> list_sizes(std::string_view prefix) const;
+
+  // Whether list() works: a plain HTTP server cannot list.
+  virtual bool can_list() const { return true; }
+
   // The direct children of the "directory" `prefix` (which is "" or ends with "/"): names of
   // keys and of sub-directories, without the prefix, sorted.
   virtual std::vector<std::string> list_dir(std::string_view prefix) const;
+
+  // How many reads to keep in flight: 0 for local stores (one per core: reads are CPU-bound),
+  // more for remote ones, whose reads mostly wait (reads then run on ThreadPool::io()).
+  virtual size_t read_concurrency() const { return 0; }
 
   // For error messages: "file:///data/era5.zarr", "memory://".
   virtual std::string url() const = 0;
@@ -126,7 +137,8 @@ struct FileStoreOptions {
 
 std::shared_ptr<Store> make_file_store(const std::string& root, FileStoreOptions options = {});
 
-// Opens a store from a path or URL: "file:///x", "/x", "x", "memory://".
+// Opens a store from a path or URL: "file:///x", "/x", "x", "memory://", and the remote ones of
+// store/http_store.h: "http(s)://host/x", "s3://bucket/x", "gs://bucket/x".
 std::shared_ptr<Store> open_store(const std::string& path_or_url, bool create = false);
 
 }  // namespace zfeed

@@ -249,9 +249,11 @@ TEST(Store, OpenStoreByUrl) {
   EXPECT_EQ(store->url(), "file://" + dir.path());
   store->set("k", as_bytes("v"));
   EXPECT_EQ(open_store(dir.path())->get("k")->as_string(), "v");
-  std::string message = error_of<UnsupportedError>([] { open_store("s3://bucket/x"); });
+  EXPECT_EQ(open_store("s3://bucket/x")->url(), "s3://bucket/x");
+  EXPECT_EQ(open_store("http://host/x/")->url(), "http://host/x");
+  std::string message = error_of<UnsupportedError>([] { open_store("ftp://host/x"); });
   EXPECT_CONTAINS(message, "unsupported store URL");
-  EXPECT_CONTAINS(message, "s3://bucket/x");
+  EXPECT_CONTAINS(message, "ftp://host/x");
 }
 
 }  // namespace

@@ -207,8 +207,9 @@ Json describe_array(const zarr::Array& array, const std::string& name) {
   zarr::StorageInfo storage = array.storage_info();
   uint64_t decoded = meta.num_elements() * meta.dtype.size();
   json["decoded_bytes"] = decoded;
-  json["stored_bytes"] = storage.stored_bytes;
-  json["objects_present"] = storage.objects_present;
+  // Unknown (null) where the store cannot list its keys.
+  json["stored_bytes"] = storage.known ? Json(storage.stored_bytes) : Json(nullptr);
+  json["objects_present"] = storage.known ? Json(storage.objects_present) : Json(nullptr);
   json["objects_total"] = storage.objects_total;
   json["compression_ratio"] =
       storage.stored_bytes ? Json(double(decoded) / double(storage.stored_bytes)) : Json(nullptr);
@@ -273,6 +274,11 @@ void print_node(const Json& node, std::ostream& out, const std::string& indent, 
   if (!node["shard_shape"].is_null()) out << "  shards " << join_extents(node["shard_shape"], "x");
   out << "  codecs " << node["codecs"].get<std::string>() << "\n";
   double decoded = node["decoded_bytes"].get<double>();
+  if (node["stored_bytes"].is_null()) {
+    out << detail << human_bytes(decoded) << " decoded; stored size unknown (the store cannot "
+        << "list its keys)\n";
+    return;
+  }
   double stored = node["stored_bytes"].get<double>();
   out << detail << "stored " << human_bytes(stored) << " of " << human_bytes(decoded) << " decoded";
   if (stored > 0) {

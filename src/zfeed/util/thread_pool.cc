@@ -200,28 +200,49 @@ ThreadPool::Work::~Work() {
   }
 }
 
+namespace {
+
+size_t threads_from_environment(const char* name, size_t fallback) {
+  if (const char* env = std::getenv(name)) {
+    long value = std::strtol(env, nullptr, 10);
+    if (value > 0) return static_cast<size_t>(value);
+  }
+  return fallback;
+}
+
+}  // namespace
+
+void ThreadPool::register_fork_handlers(ThreadPool& pool) {
+  // Hold the pool's lock across fork() so that the child never inherits it locked.
+  // In the child, the parent's workers may still be counted as waiters of the condition
+  // variable (a notify would wait for them forever): start it afresh.
+  ForkGate::add_fork_handlers([&pool] { pool.mutex_.lock(); }, [&pool] { pool.mutex_.unlock(); },
+                              [&pool] {
+                                new (&pool.work_available_) std::condition_variable();
+                                pool.mutex_.unlock();
+                              });
+}
+
 ThreadPool& ThreadPool::shared() {
   static ThreadPool pool([] {
-    if (const char* env = std::getenv("ZFEED_NUM_THREADS")) {
-      long value = std::strtol(env, nullptr, 10);
-      if (value > 0) return static_cast<size_t>(value);
-    }
     unsigned hardware = std::thread::hardware_concurrency();
-    return static_cast<size_t>(hardware == 0 ? 1 : hardware);
+    return threads_from_environment("ZFEED_NUM_THREADS", hardware == 0 ? 1 : hardware);
   }());
-  static const bool registered = [] {
-    // Hold the pool's lock across fork() so that the child never inherits it locked.
-    // In the child, the parent's workers may still be counted as waiters of the condition
-    // variable (a notify would wait for them forever): start it afresh.
-    ForkGate::add_fork_handlers([] { pool.mutex_.lock(); }, [] { pool.mutex_.unlock(); },
-                                [] {
-                                  new (&pool.work_available_) std::condition_variable();
-                                  pool.mutex_.unlock();
-                                });
-    return true;
-  }();
+  static const bool registered = (register_fork_handlers(pool), true);
   (void)registered;
   return pool;
+}
+
+ThreadPool& ThreadPool::io() {
+  static ThreadPool pool(threads_from_environment("ZFEED_IO_THREADS", 32));
+  static const bool registered = (register_fork_handlers(pool), true);
+  (void)registered;
+  return pool;
+}
+
+ThreadPool& ThreadPool::for_reads(size_t concurrency) {
+  ThreadPool& cpu = shared();
+  return concurrency > cpu.size() ? io() : cpu;
 }
 
 }  // namespace zfeed

@@ -57,10 +57,20 @@ class ThreadPool {
   // first parallel_for starts fresh workers (the parent's do not exist there).
   static ThreadPool& shared();
 
+  // The process-wide pool for work that mostly waits (reads from remote stores, whose round
+  // trips overlap only with many in flight): ZFEED_IO_THREADS threads, 32 by default. Forks as
+  // shared() does.
+  static ThreadPool& io();
+
+  // The pool to read `concurrency` things at once on: shared() where that is 0 (CPU-bound
+  // local reads) or no more than it has, io() otherwise.
+  static ThreadPool& for_reads(size_t concurrency);
+
  private:
   std::shared_ptr<Job> submit(size_t n, const std::function<void(size_t)>* fn,
                               std::function<void(size_t)> owned);
   static void finish(Job& job);
+  static void register_fork_handlers(ThreadPool& pool);
   void start_workers(std::unique_lock<std::mutex>& lock);  // `lock` holds mutex_
   void restart_after_fork();
   void worker_loop();

@@ -199,28 +199,29 @@ void read_region(const CodecChain& chain, const Source& source, const Region& re
       plan.pieces.push_back(split(slice, inner_shape[d]));
     }
     const auto& grid = sharding->chunks_per_shard();
-    ThreadPool::shared().parallel_for(plan.size(), [&](size_t task) {
-      std::vector<const Piece*> pieces;
-      plan.task(task, pieces);
-      Region inner;
-      std::vector<uint64_t> inner_out_start(rank);
-      uint64_t linear = 0;
-      for (size_t d = 0; d < rank; ++d) {
-        linear = linear * grid[d] + pieces[d]->chunk;
-        inner.start.push_back(pieces[d]->start);
-        inner.step.push_back(region.step[d]);
-        inner.count.push_back(pieces[d]->count);
-        inner_out_start[d] = out_start[d] + pieces[d]->out_start;
-      }
-      if (index.is_empty(linear)) {
-        fill_box(out, BoxRef{out_shape, inner_out_start}, inner.count, spec.fill.bytes.data(),
-                 item);
-        return;
-      }
-      Source inner_source{source.store, source.key, true, source.offset + index.offset(linear),
-                          index.nbytes(linear)};
-      read_region(sharding->inner(), inner_source, inner, out, out_shape, inner_out_start);
-    });
+    ThreadPool::for_reads(source.store.read_concurrency())
+        .parallel_for(plan.size(), [&](size_t task) {
+          std::vector<const Piece*> pieces;
+          plan.task(task, pieces);
+          Region inner;
+          std::vector<uint64_t> inner_out_start(rank);
+          uint64_t linear = 0;
+          for (size_t d = 0; d < rank; ++d) {
+            linear = linear * grid[d] + pieces[d]->chunk;
+            inner.start.push_back(pieces[d]->start);
+            inner.step.push_back(region.step[d]);
+            inner.count.push_back(pieces[d]->count);
+            inner_out_start[d] = out_start[d] + pieces[d]->out_start;
+          }
+          if (index.is_empty(linear)) {
+            fill_box(out, BoxRef{out_shape, inner_out_start}, inner.count, spec.fill.bytes.data(),
+                     item);
+            return;
+          }
+          Source inner_source{source.store, source.key, true, source.offset + index.offset(linear),
+                              index.nbytes(linear)};
+          read_region(sharding->inner(), inner_source, inner, out, out_shape, inner_out_start);
+        });
     return;
   }
 
@@ -565,24 +566,25 @@ void Array::read_many(std::span<const Selection> selections, std::span<void* con
     first_task.push_back(first_task.back() + request.plan.size());
     requests.push_back(std::move(request));
   }
-  ThreadPool::shared().parallel_for(first_task.back(), [&](size_t task) {
-    size_t r =
-        std::upper_bound(first_task.begin(), first_task.end(), task) - first_task.begin() - 1;
-    const Request& request = requests[r];
-    std::vector<const Piece*> pieces;
-    request.plan.task(task - first_task[r], pieces);
-    std::vector<uint64_t> chunk_index(rank), out_start(rank);
-    Region region;
-    for (size_t d = 0; d < rank; ++d) {
-      chunk_index[d] = pieces[d]->chunk;
-      out_start[d] = pieces[d]->out_start;
-      region.start.push_back(pieces[d]->start);
-      region.step.push_back((*request.selection)[d].step);
-      region.count.push_back(pieces[d]->count);
-    }
-    Source source{*store_, chunk_key(chunk_index)};
-    read_region(*chain_, source, region, request.out, request.out_shape, out_start);
-  });
+  ThreadPool::for_reads(store_->read_concurrency())
+      .parallel_for(first_task.back(), [&](size_t task) {
+        size_t r =
+            std::upper_bound(first_task.begin(), first_task.end(), task) - first_task.begin() - 1;
+        const Request& request = requests[r];
+        std::vector<const Piece*> pieces;
+        request.plan.task(task - first_task[r], pieces);
+        std::vector<uint64_t> chunk_index(rank), out_start(rank);
+        Region region;
+        for (size_t d = 0; d < rank; ++d) {
+          chunk_index[d] = pieces[d]->chunk;
+          out_start[d] = pieces[d]->out_start;
+          region.start.push_back(pieces[d]->start);
+          region.step.push_back((*request.selection)[d].step);
+          region.count.push_back(pieces[d]->count);
+        }
+        Source source{*store_, chunk_key(chunk_index)};
+        read_region(*chain_, source, region, request.out, request.out_shape, out_start);
+      });
 }
 
 void Array::write(const Selection& selection, const void* in_ptr) const {
@@ -599,7 +601,7 @@ void Array::write(const Selection& selection, const void* in_ptr) const {
     plan.pieces.push_back(split(selection[d], meta.chunk_shape[d]));
   }
   const ChunkSpec& spec = chain_->spec();
-  ThreadPool::shared().parallel_for(plan.size(), [&](size_t task) {
+  ThreadPool::for_reads(store_->read_concurrency()).parallel_for(plan.size(), [&](size_t task) {
     std::vector<const Piece*> pieces;
     plan.task(task, pieces);
     std::vector<uint64_t> chunk_index(rank), in_start(rank), start(rank), step(rank), count(rank);
@@ -655,15 +657,17 @@ StorageInfo Array::storage_info() const {
   StorageInfo info;
   info.objects_total = checked_product(metadata_->grid_shape(), 1, "the number of chunks");
   std::string prefix = path_.empty() ? "" : path_ + "/";
-  for (const auto& key : store_->list(prefix)) {
+  if (!store_->can_list()) {
+    info.known = false;
+    return info;
+  }
+  for (const auto& [key, size] : store_->list_sizes(prefix)) {
     std::string_view name = std::string_view(key).substr(prefix.size());
     std::string_view leaf =
         name.substr(name.rfind('/') == std::string_view::npos ? 0 : name.rfind('/') + 1);
     if (is_metadata_key(leaf)) continue;
-    if (auto size = store_->size(key)) {
-      info.stored_bytes += *size;
-      ++info.objects_present;
-    }
+    info.stored_bytes += size;
+    ++info.objects_present;
   }
   return info;
 }

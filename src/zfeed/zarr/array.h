@@ -27,6 +27,7 @@ struct StorageInfo {
   uint64_t stored_bytes = 0;     // bytes of every chunk (or shard) object present
   uint64_t objects_present = 0;  // chunk or shard objects present
   uint64_t objects_total = 0;    // chunk or shard objects the grid has
+  bool known = true;  // false where the store cannot list (plain HTTP): the two above are 0
 };
 
 class Array {

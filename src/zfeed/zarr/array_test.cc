@@ -13,10 +13,12 @@
 #include <iostream>
 #include <map>
 #include <mutex>
+#include <numeric>
 #include <set>
 #include <utility>
 
 #include "zfeed/codec/crc32c.h"
+#include "zfeed/store/http_testing.h"
 #include "zfeed/util/error.h"
 #include "zfeed/util/testing.h"
 #include "zfeed/zarr/group.h"
@@ -1094,6 +1096,38 @@ TEST(Conformance, ZarrsSnapshotsOutOfScopeTypesAreRefused) {
     EXPECT_CONTAINS(message, "unsupported");
     EXPECT_CONTAINS(message, "zarr.json");
   }
+}
+
+TEST(Array, ReadsOverHttpEqualTheirSource) {
+  // An array written to memory, then served over HTTP: read whole, in part and many at once,
+  // with its chunk reads in flight together.
+  auto memory = make_memory_store();
+  Json json = {
+      {"zarr_format", 3},
+      {"node_type", "array"},
+      {"shape", {6, 20, 30}},
+      {"data_type", "float32"},
+      {"chunk_grid", {{"name", "regular"}, {"configuration", {{"chunk_shape", {1, 10, 15}}}}}},
+      {"chunk_key_encoding", {{"name", "default"}}},
+      {"fill_value", 0},
+      {"codecs", Json::parse(R"([{"name": "bytes", "configuration": {"endian": "little"}},
+                                           {"name": "zstd", "configuration": {"level": 1}}])")}};
+  const ArrayMetadata meta = ArrayMetadata::parse_v3(json);
+  auto array = Array::create(memory, "t", meta);
+  std::vector<float> values(6 * 20 * 30);
+  std::iota(values.begin(), values.end(), 0.5f);
+  array.write(array.full_selection(), values.data());
+  testing::TestServer server;
+  for (const auto& key : memory->list(""))
+    server.put("store/" + key, testing::text(*memory->get(key)));
+  auto remote = Array::open(open_store(server.url() + "/store"), "t");
+  std::vector<float> back(values.size());
+  remote.read(remote.full_selection(), back.data());
+  EXPECT_EQ(back, values);
+  EXPECT_GT(server.max_in_flight.load(), 1);
+  std::vector<float> step(20 * 30);
+  remote.read(Selection{Slice{3, 4, 1}, Slice{0, 20, 1}, Slice{0, 30, 1}}, step.data());
+  EXPECT_TRUE(std::equal(step.begin(), step.end(), values.begin() + 3 * 600));
 }
 
 }  // namespace

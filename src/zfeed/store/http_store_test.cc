@@ -1,0 +1,279 @@
+#include "zfeed/store/http_store.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdlib>
+
+#include "zfeed/store/http_testing.h"
+#include "zfeed/util/error.h"
+
+namespace zfeed {
+namespace {
+
+using testing::TestServer;
+using testing::text;
+
+HttpStoreOptions quick(const std::string& url) {
+  HttpStoreOptions options = http_store_options(url);
+  options.retry_delay_ms = 1;
+  return options;
+}
+
+HttpStoreOptions s3_options(const TestServer& server, const std::string& prefix) {
+  HttpStoreOptions options;
+  options.s3 = true;
+  options.bucket_url = server.url() + "/bucket";
+  options.base_url = options.bucket_url + (prefix.empty() ? "" : "/" + prefix);
+  options.key_prefix = prefix.empty() ? "" : prefix + "/";
+  options.display_url = "s3://bucket/" + prefix;
+  options.retry_delay_ms = 1;
+  return options;
+}
+
+TEST(HttpStore, ReadsWholeValuesRangesAndSuffixes) {
+  TestServer server;
+  server.put("data/t/c/0", "0123456789");
+  auto store = make_http_store(quick(server.url() + "/data/"));
+  EXPECT_EQ(store->url(), server.url() + "/data");
+  EXPECT_EQ(text(*store->get("t/c/0")), "0123456789");
+  EXPECT_EQ(text(*store->get("t/c/0", ByteRange::range(2, 3))), "234");
+  EXPECT_EQ(text(*store->get("t/c/0", ByteRange::suffix(4))), "6789");
+  EXPECT_EQ(text(*store->get("t/c/0", ByteRange::range(10, 0))), "");
+  EXPECT_EQ(store->size("t/c/0"), 10u);
+  EXPECT_FALSE(store->get("t/c/1"));
+  EXPECT_FALSE(store->size("t/c/1"));
+  Bytes out;
+  EXPECT_TRUE(store->get_into("t/c/0", ByteRange::range(8, 2), out));
+  EXPECT_EQ(text(out), "89");
+  uint8_t into[4];
+  EXPECT_TRUE(store->read_range_into("t/c/0", 3, into, 10));
+  EXPECT_EQ(std::string(reinterpret_cast<char*>(into), 4), "3456");
+  EXPECT_THROW(store->read_range_into("t/c/0", 0, into, 12), SizeMismatchError);
+}
+
+TEST(HttpStore, RangesPastTheEndNameTheKey) {
+  TestServer server;
+  server.put("a/k", "0123456789");
+  auto store = make_http_store(quick(server.url() + "/a"));
+  for (ByteRange range : {ByteRange::range(12, 2), ByteRange::range(8, 5), ByteRange::suffix(11),
+                          ByteRange::range(11, 0)}) {
+    try {
+      store->get("k", range);
+      ADD_FAILURE() << range.describe();
+    } catch (const Error& error) {
+      EXPECT_NE(std::string(error.what()).find(server.url() + "/a/k"), std::string::npos)
+          << error.what();
+    }
+  }
+}
+
+TEST(HttpStore, TakesItsRangeFromAServerThatSendsTheWholeValue) {
+  TestServer server;
+  server.put("k", "0123456789");
+  server.ignore_range = true;
+  auto store = make_http_store(quick(server.url()));
+  EXPECT_EQ(text(*store->get("k", ByteRange::range(3, 4))), "3456");
+  EXPECT_EQ(text(*store->get("k", ByteRange::suffix(2))), "89");
+  EXPECT_THROW(store->get("k", ByteRange::range(9, 2)), Error);
+}
+
+TEST(HttpStore, RetriesErrorsThatMayPass) {
+  TestServer server;
+  server.put("k", "value");
+  server.failures_left = 2;
+  auto store = make_http_store(quick(server.url()));
+  EXPECT_EQ(text(*store->get("k")), "value");
+  EXPECT_EQ(server.requests.load(), 3);
+}
+
+TEST(HttpStore, ALastingErrorNamesTheKeyTheStatusAndTheAttempts) {
+  TestServer server;
+  server.put("k", "value");
+  server.failures_left = 100;
+  auto store = make_http_store(quick(server.url()));
+  try {
+    store->get("k");
+    FAIL();
+  } catch (const Error& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find(server.url() + "/k: HTTP 503 (SlowDown: Please reduce your request "
+                                          "rate) after 4 attempts"),
+              std::string::npos)
+        << message;
+  }
+  EXPECT_EQ(server.requests.load(), 4);
+  // An error that will not pass is not retried.
+  server.failures_left = 100;
+  server.failure_status = 403;
+  EXPECT_THROW(store->get("k"), Error);
+  EXPECT_EQ(server.requests.load(), 5);
+}
+
+TEST(HttpStore, AServerThatIsNotThereIsAnErrorNamingTheUrl) {
+  int port;
+  {
+    TestServer gone;  // a port that was just free, now closed
+    port = std::stoi(gone.url().substr(gone.url().rfind(':') + 1));
+  }
+  auto options = quick("http://127.0.0.1:" + std::to_string(port) + "/x");
+  options.retries = 1;
+  auto store = make_http_store(options);
+  try {
+    store->get("zarr.json");
+    FAIL();
+  } catch (const Error& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find("http://127.0.0.1:" + std::to_string(port) + "/x/zarr.json: "),
+              std::string::npos)
+        << message;
+    EXPECT_NE(message.find("after 2 attempts"), std::string::npos) << message;
+  }
+}
+
+TEST(HttpStore, AStalledServerIsATimeoutNotAHang) {
+  TestServer server;
+  server.put("k", "value");
+  server.stall = true;
+  auto options = quick(server.url());
+  options.stall_timeout_s = 1;
+  options.retries = 0;
+  auto store = make_http_store(options);
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    store->get("k");
+    FAIL();
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find(server.url() + "/k: "), std::string::npos)
+        << error.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+}
+
+TEST(HttpStore, PlainHttpIsReadOnlyAndCannotList) {
+  TestServer server;
+  auto store = make_http_store(quick(server.url() + "/store"));
+  try {
+    store->set("k", as_bytes("v"));
+    FAIL();
+  } catch (const UnsupportedError& error) {
+    EXPECT_NE(std::string(error.what()).find("/store/k: a plain HTTP store is read-only"),
+              std::string::npos)
+        << error.what();
+  }
+  EXPECT_THROW(store->erase("k"), UnsupportedError);
+  EXPECT_THROW(store->list(""), UnsupportedError);
+  EXPECT_FALSE(store->can_list());
+  EXPECT_THROW(store->get("../secret"), Error);
+}
+
+TEST(HttpStore, S3WritesListsPageByPageAndErases) {
+  TestServer server;
+  server.put("bucket/other.zarr/zarr.json", "{}");
+  auto store = make_http_store(s3_options(server, "era5.zarr"));
+  for (const char* key : {"zarr.json", "t/zarr.json", "t/c/0/0", "t/c/0/1", "t/c/1/0", "u/&x"}) {
+    store->set(key, as_bytes(std::string("value of ") + key));
+  }
+  EXPECT_EQ(server.object("bucket/era5.zarr/t/c/0/1"), "value of t/c/0/1");
+  EXPECT_EQ(text(*store->get("u/&x")), "value of u/&x");
+  EXPECT_EQ(store->list(""), (std::vector<std::string>{"t/c/0/0", "t/c/0/1", "t/c/1/0",
+                                                       "t/zarr.json", "u/&x", "zarr.json"}));
+  EXPECT_EQ(store->list("t/c/"), (std::vector<std::string>{"t/c/0/0", "t/c/0/1", "t/c/1/0"}));
+  EXPECT_EQ(store->list_dir(""), (std::vector<std::string>{"t", "u", "zarr.json"}));
+  const auto sized = store->list_sizes("t/c/1");
+  ASSERT_EQ(sized.size(), 1u);
+  EXPECT_EQ(sized[0], (std::pair<std::string, uint64_t>{"t/c/1/0", 16}));
+  EXPECT_TRUE(store->can_list());
+  store->erase("t/c/0/0");
+  store->erase("t/c/0/0");  // a missing key is fine
+  EXPECT_FALSE(store->get("t/c/0/0"));
+  store->erase_prefix("t/");
+  EXPECT_EQ(store->list(""), (std::vector<std::string>{"u/&x", "zarr.json"}));
+  EXPECT_EQ(server.object("bucket/other.zarr/zarr.json"), "{}");
+}
+
+TEST(HttpStore, ReadsManyAtOnce) {
+  TestServer server;
+  std::vector<KeyRange> requests;
+  for (int i = 0; i < 64; ++i) {
+    server.put("k" + std::to_string(i), "value " + std::to_string(i));
+    requests.push_back({"k" + std::to_string(i), ByteRange::all()});
+  }
+  requests.push_back({"missing", ByteRange::all()});
+  auto store = make_http_store(quick(server.url()));
+  auto values = store->get_many(requests);
+  for (int i = 0; i < 64; ++i) EXPECT_EQ(text(*values[i]), "value " + std::to_string(i));
+  EXPECT_FALSE(values[64]);
+  EXPECT_GT(server.max_in_flight.load(), 1);
+}
+
+TEST(HttpStore, OptionsFromUrls) {
+  ::setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9000/", 1);
+  ::setenv("AWS_REGION", "eu-west-1", 1);
+  ::setenv("AWS_ACCESS_KEY_ID", "key", 1);
+  ::setenv("AWS_SECRET_ACCESS_KEY", "secret", 1);
+  auto s3 = http_store_options("s3://my-bucket/data/era5.zarr/");
+  EXPECT_TRUE(s3.s3);
+  EXPECT_EQ(s3.bucket_url, "http://127.0.0.1:9000/my-bucket");
+  EXPECT_EQ(s3.base_url, "http://127.0.0.1:9000/my-bucket/data/era5.zarr");
+  EXPECT_EQ(s3.key_prefix, "data/era5.zarr/");
+  EXPECT_EQ(s3.display_url, "s3://my-bucket/data/era5.zarr");
+  EXPECT_EQ(s3.region, "eu-west-1");
+  EXPECT_EQ(s3.access_key, "key");
+  ::setenv("AWS_NO_SIGN_REQUEST", "true", 1);
+  EXPECT_EQ(http_store_options("s3://b").access_key, "");
+  ::unsetenv("AWS_NO_SIGN_REQUEST");
+  ::unsetenv("AWS_SECRET_ACCESS_KEY");
+  EXPECT_THROW(http_store_options("s3://b"), Error);
+  ::unsetenv("AWS_ACCESS_KEY_ID");
+  ::unsetenv("AWS_ENDPOINT_URL");
+  auto aws = http_store_options("s3://b");
+  EXPECT_EQ(aws.bucket_url, "https://s3.eu-west-1.amazonaws.com/b");
+  EXPECT_EQ(aws.key_prefix, "");
+  ::unsetenv("AWS_REGION");
+  auto google = http_store_options("gs://gcp-public-data-arco-era5/ar/full.zarr");
+  EXPECT_EQ(google.base_url,
+            "https://storage.googleapis.com/gcp-public-data-arco-era5/ar/full.zarr");
+  EXPECT_EQ(google.display_url, "gs://gcp-public-data-arco-era5/ar/full.zarr");
+  EXPECT_EQ(google.access_key, "");
+  auto plain = http_store_options("https://example.org/a%20b/x.zarr/");
+  EXPECT_FALSE(plain.s3);
+  EXPECT_EQ(plain.base_url, "https://example.org/a%20b/x.zarr");
+  EXPECT_THROW(http_store_options("s3:///x"), Error);
+  EXPECT_THROW(http_store_options("s3://b/../x"), Error);
+  EXPECT_THROW(http_store_options("ftp://host/x"), UnsupportedError);
+  EXPECT_THROW(open_store("ftp://host/x"), UnsupportedError);
+  EXPECT_EQ(open_store("https://example.org/x.zarr")->url(), "https://example.org/x.zarr");
+  EXPECT_GT(open_store("https://example.org/x.zarr")->read_concurrency(), 1u);
+  EXPECT_EQ(percent_encode("a b/c~d&", true), "a%20b/c~d%26");
+  EXPECT_EQ(percent_encode("a/b", false), "a%2Fb");
+}
+
+TEST(HttpStore, ParsesObjectListings) {
+  auto page = parse_list_objects(
+      "<?xml version=\"1.0\"?><ListBucketResult><Contents><Key>a&amp;b&#47;&#x63;</Key>"
+      "<Size>1</Size></Contents><Contents><Key>t/c/0</Key><Size>123456789012</Size></Contents>"
+      "<IsTruncated>true"
+      "</IsTruncated><NextContinuationToken>tok&lt;en</NextContinuationToken>"
+      "</ListBucketResult>");
+  EXPECT_EQ(page.keys, (std::vector<std::string>{"a&b/c", "t/c/0"}));
+  EXPECT_EQ(page.sizes, (std::vector<uint64_t>{1, 123456789012}));
+  EXPECT_TRUE(page.truncated);
+  EXPECT_EQ(page.next_token, "tok<en");
+  EXPECT_TRUE(parse_list_objects("<ListBucketResult></ListBucketResult>").keys.empty());
+  EXPECT_THROW(parse_list_objects("<ListBucketResult><Contents><Key>k</Key></Contents>"), Error);
+  EXPECT_THROW(parse_list_objects("<html>oops</html>"), Error);
+  EXPECT_THROW(parse_list_objects("<ListBucketResult><Contents><Key>x</Key>"), Error);
+  EXPECT_THROW(parse_list_objects("<ListBucketResult><Contents><Size>1</Size></Contents>"), Error);
+  EXPECT_THROW(parse_list_objects("<ListBucketResult><Contents><Key>&bogus;</Key></Contents>"),
+               Error);
+  EXPECT_THROW(parse_list_objects("<ListBucketResult><Contents><Key>k</Key><Size>-1</Size>"
+                                  "</Contents>"),
+               Error);
+  EXPECT_THROW(
+      parse_list_objects("<ListBucketResult><Contents><Key>&#0;</Key><Size>1</Size></Contents>"),
+      Error);
+}
+
+}  // namespace
+}  // namespace zfeed

@@ -1,0 +1,295 @@
+"""Remote stores: S3 (a real S3 server, moto's, on loopback, checking V4 signatures) and plain HTTP
+(a static file server with range requests on loopback), read and written through zfeed.open,
+zfeed.create, the loader, xarray and the command line, against the same data on local disk."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import zfeed
+import zfeed_cli
+
+boto3 = pytest.importorskip("boto3")
+pytest.importorskip("moto.server")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def s3_server():
+    """moto's S3 server in its own process, with signatures checked: the first three requests (an
+    IAM user, its policy and its key) go unsigned, every later one must be signed by that key."""
+    port = _free_port()
+    env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "3"}
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(300):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        else:
+            pytest.fail("moto's S3 server did not start")
+        iam = boto3.client("iam", endpoint_url=endpoint, region_name="us-east-1",
+                           aws_access_key_id="setup", aws_secret_access_key="setup")
+        iam.create_user(UserName="trainer")
+        policy = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}
+        iam.put_user_policy(UserName="trainer", PolicyName="s3", PolicyDocument=json.dumps(policy))
+        key = iam.create_access_key(UserName="trainer")["AccessKey"]
+        client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                              aws_access_key_id=key["AccessKeyId"], aws_secret_access_key=key["SecretAccessKey"])
+        client.create_bucket(Bucket="weather")
+        yield {"endpoint": endpoint, "key": key["AccessKeyId"], "secret": key["SecretAccessKey"], "client": client}
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+@pytest.fixture
+def s3(s3_server, monkeypatch):
+    """The environment a user sets for an S3-compatible store; zfeed reads it when it opens one."""
+    for name in ("AWS_NO_SIGN_REQUEST", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3", "AWS_DEFAULT_REGION"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server["endpoint"])
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3_server["key"])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3_server["secret"])
+    return s3_server
+
+
+def _objects(client, prefix: str) -> dict[str, bytes]:
+    out = {}
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket="weather", Prefix=prefix):
+        for item in page.get("Contents", []):
+            out[item["Key"][len(prefix):]] = client.get_object(Bucket="weather", Key=item["Key"])["Body"].read()
+    return out
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _upload(client, root: Path, prefix: str) -> None:
+    for key, value in _files(root).items():
+        client.put_object(Bucket="weather", Key=f"{prefix}/{key}", Body=value)
+
+
+def _write_arrays(target, rng) -> dict[str, np.ndarray]:
+    group = zfeed.create_group(target, attributes={"title": "remote"})
+    values = {
+        "t": rng.standard_normal((6, 20, 30)).astype("float32"),
+        "q": rng.integers(-1000, 1000, (7, 11)).astype("int16"),
+    }
+    group.create_array("t", shape=(6, 20, 30), chunks=(1, 10, 15), shards=(2, 20, 30), dtype="float32",
+                       compressor="zstd", dimension_names=["time", "lat", "lon"], data=values["t"])
+    group.create_array("q", shape=(7, 11), chunks=(3, 4), dtype="int16", compressor="blosc:lz4", fill_value=-5,
+                       data=values["q"])
+    return values
+
+
+def test_s3_writes_the_same_objects_as_local_disk_and_reads_them_back(s3, tmp_path):
+    local = tmp_path / "local.zarr"
+    values = _write_arrays(local, np.random.default_rng(1))
+    _write_arrays("s3://weather/written.zarr", np.random.default_rng(1))
+    assert _objects(s3["client"], "written.zarr/") == _files(local)
+    remote = zfeed.open("s3://weather/written.zarr")
+    assert sorted(name for name, _ in remote.members()) == ["q", "t"]
+    assert remote.attrs["title"] == "remote"
+    for name, expected in values.items():
+        np.testing.assert_array_equal(remote[name][...], expected)
+    # An inner chunk of a shard: the shard's index, then that chunk, by range.
+    np.testing.assert_array_equal(remote["t"][3, 12:17, 5:9], values["t"][3, 12:17, 5:9])
+    # Writes in part, and what a missing chunk reads as.
+    remote["q"][0:3, 0:4] = -5
+    expected = values["q"].copy()
+    expected[0:3, 0:4] = -5
+    np.testing.assert_array_equal(zfeed.open("s3://weather/written.zarr/q")[...], expected)
+
+
+def test_reads_what_zarr_python_wrote_to_s3(s3, tmp_path):
+    zarr = pytest.importorskip("zarr")
+    rng = np.random.default_rng(2)
+    expected = {}
+    for fmt in (2, 3):
+        root = zarr.open_group(tmp_path / f"v{fmt}.zarr", mode="w", zarr_format=fmt)
+        data = rng.standard_normal((9, 16)).astype("float64")
+        arr = root.create_array("x", shape=data.shape, chunks=(4, 5), dtype="float64")
+        arr[...] = data
+        expected[fmt] = data
+        _upload(s3["client"], tmp_path / f"v{fmt}.zarr", f"zarr-python/v{fmt}.zarr")
+    for fmt, data in expected.items():
+        group = zfeed.open(f"s3://weather/zarr-python/v{fmt}.zarr")
+        assert group.zarr_format == fmt
+        np.testing.assert_array_equal(group["x"][...], data)
+        np.testing.assert_array_equal(group["x"][1:8:3, ::4], data[1:8:3, ::4])
+
+
+def _era5_like(target) -> None:
+    root = zfeed.create_group(target)
+    rng = np.random.default_rng(3)
+    for name, mean in (("t2m", 280.0), ("u500", 5.0), ("z500", 55000.0)):
+        values = (mean + rng.standard_normal((12, 8, 16))).astype("float32")
+        root.create_array(name, shape=values.shape, chunks=(1, 8, 16), dtype="float32", compressor="zstd",
+                          dimension_names=["time", "latitude", "longitude"], data=values,
+                          attributes={"zfeed_stats": {"mean": mean, "std": 1.0}})
+
+
+def test_the_loader_reads_s3_as_it_reads_local_disk(s3, tmp_path):
+    local = tmp_path / "era5.zarr"
+    _era5_like(local)
+    _upload(s3["client"], local, "era5.zarr")
+    kwargs = dict(inputs=["t2m", "u500", "z500"], targets=["t2m"], batch_size=4, seed=7, history=2)
+    expected = [{k: np.array(v, copy=True) for k, v in batch.items()} for batch in zfeed.Loader(local, **kwargs)]
+    loader = zfeed.Loader("s3://weather/era5.zarr", **kwargs)
+    got = [{k: np.array(v, copy=True) for k, v in batch.items()} for batch in loader]
+    assert len(got) == len(expected) > 0
+    for a, b in zip(got, expected):
+        assert a.keys() == b.keys()
+        for key in a:
+            np.testing.assert_array_equal(a[key], b[key])
+
+
+def test_s3_errors_name_the_key_and_what_was_wrong(s3, tmp_path, monkeypatch):
+    _write_arrays("s3://weather/errors.zarr", np.random.default_rng(4))
+    # A corrupt chunk.
+    s3["client"].put_object(Bucket="weather", Key="errors.zarr/q/c/1/1", Body=b"not blosc at all")
+    with pytest.raises(zfeed.ZarrError, match=r"s3://weather/errors\.zarr/q/c/1/1"):
+        zfeed.open("s3://weather/errors.zarr/q")[...]
+    with pytest.raises(zfeed.ZarrError, match=r"s3://weather/absent\.zarr: no Zarr array or group"):
+        zfeed.open("s3://weather/absent.zarr")
+    with pytest.raises(zfeed.ZarrError, match=r"s3://no-such-bucket/x\.zarr/zarr\.json: HTTP 404 \(NoSuchBucket"):
+        zfeed.open("s3://no-such-bucket/x.zarr")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not the secret")
+    with pytest.raises(zfeed.ZarrError, match=r"s3://weather/errors\.zarr/zarr\.json: HTTP 403 \(SignatureDoesNotMatch"):
+        zfeed.open("s3://weather/errors.zarr")
+    monkeypatch.setenv("AWS_NO_SIGN_REQUEST", "1")
+    with pytest.raises(zfeed.ZarrError, match=r"HTTP 403.*unsigned"):
+        zfeed.open("s3://weather/errors.zarr")
+    monkeypatch.delenv("AWS_NO_SIGN_REQUEST")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    with pytest.raises(zfeed.ZarrError, match="AWS_SECRET_ACCESS_KEY is not"):
+        zfeed.open("s3://weather/errors.zarr")
+
+
+def test_the_command_line_reads_and_writes_s3(s3, tmp_path):
+    local = tmp_path / "era5.zarr"
+    _era5_like(local)
+    _upload(s3["client"], local, "cli/era5.zarr")
+    info = zfeed_cli.run("info", "s3://weather/cli/era5.zarr").stdout
+    assert "s3://weather/cli/era5.zarr" in info and "t2m" in info and "zstd" in info
+    # A remote input converts to a local directory; a remote output is refused, not written to
+    # a local directory named "s3:".
+    zfeed_cli.run("rechunk", "s3://weather/cli/era5.zarr", tmp_path / "rechunked.zarr", "--chunks", "time=4", "-q")
+    rechunked = zfeed.open(tmp_path / "rechunked.zarr")
+    assert rechunked["t2m"].chunks == (4, 8, 16)
+    np.testing.assert_array_equal(rechunked["t2m"][...], zfeed.open(local)["t2m"][...])
+    refused = zfeed_cli.run("rechunk", local, "s3://weather/cli/out.zarr", "--chunks", "time=4", ok=False,
+                            cwd=tmp_path)
+    assert refused.returncode != 0
+    assert "the output \"s3://weather/cli/out.zarr\" is not a local directory path" in refused.stderr
+    assert not (tmp_path / "s3:").exists()
+
+
+class _RangeHandler(SimpleHTTPRequestHandler):
+    """A static file server that answers Range requests (http.server's does not), as nginx, a
+    cloud bucket's web endpoint or a CDN does."""
+
+    def log_message(self, *args):
+        pass
+
+    def send_head(self):
+        path = Path(self.translate_path(self.path))
+        range_header = self.headers.get("Range")
+        if not range_header or not path.is_file():
+            return super().send_head()
+        data = path.read_bytes()
+        spec = range_header.removeprefix("bytes=")
+        first, _, last = spec.partition("-")
+        if first == "":
+            start, end = max(0, len(data) - int(last)), len(data) - 1
+        else:
+            start, end = int(first), min(int(last) if last else len(data) - 1, len(data) - 1)
+        if start >= len(data):
+            self.send_response(416)
+            self.send_header("Content-Range", f"bytes */{len(data)}")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return None
+        body = data[start:end + 1]
+        self.send_response(206)
+        self.send_header("Content-Range", f"bytes {start}-{end}/{len(data)}")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        import io
+        return io.BytesIO(body)
+
+
+@pytest.fixture
+def http_root(tmp_path):
+    root = tmp_path / "served"
+    root.mkdir()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), partial(_RangeHandler, directory=str(root)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield root, f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_plain_http_reads_consolidated_stores(http_root):
+    """Served by a Python thread of this process: zfeed releases the GIL while it waits."""
+    root, url = http_root
+    values = _write_arrays(root / "data.zarr", np.random.default_rng(5))
+    zfeed.open(root / "data.zarr").consolidate()
+    group = zfeed.open(f"{url}/data.zarr")
+    assert sorted(name for name, _ in group.members()) == ["q", "t"]
+    for name, expected in values.items():
+        np.testing.assert_array_equal(group[name][...], expected)
+    np.testing.assert_array_equal(zfeed.open(f"{url}/data.zarr/t")[2:5, 3], values["t"][2:5, 3])
+    np.testing.assert_array_equal(group["t"][5, 19, 29], values["t"][5, 19, 29])
+    with pytest.raises(zfeed.ZarrError, match=r"/data\.zarr/q/c/0/0: a plain HTTP store is read-only"):
+        group["q"][0:3, 0:4] = 1
+    info = zfeed_cli.run("info", f"{url}/data.zarr").stdout
+    assert "blosc" in info and "zstd" in info and "stored size unknown (the store cannot list its keys)" in info
+    assert group["t"].info()["stored_bytes"] is None
+
+
+def test_xarray_opens_http_stores_through_zfeed(http_root):
+    xr = pytest.importorskip("xarray")
+    root, url = http_root
+    ds = xr.Dataset({"t2m": (("time", "lat"), np.arange(12, dtype="float32").reshape(4, 3))},
+                    coords={"time": np.arange(4), "lat": [10.0, 20.0, 30.0]})
+    ds.to_zarr(root / "xr.zarr", zarr_format=2, consolidated=True)
+    remote = xr.open_dataset(f"{url}/xr.zarr", engine="zfeed")
+    xr.testing.assert_equal(remote.load(), xr.open_zarr(root / "xr.zarr").load())
+
+
+def test_an_absent_server_is_a_prompt_error(tmp_path):
+    port = _free_port()
+    start = time.monotonic()
+    with pytest.raises(zfeed.ZarrError, match=rf"http://127\.0\.0\.1:{port}/x\.zarr/zarr\.json: "):
+        zfeed.open(f"http://127.0.0.1:{port}/x.zarr")
+    assert time.monotonic() - start < 20
