@@ -4,17 +4,12 @@ zfeed.create, the loader, xarray and the command line, against the same data on 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
-import threading
 import time
-from functools import partial
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +17,7 @@ import pytest
 
 import zfeed
 import zfeed_cli
+from zfeed._range_server import serve_in_thread
 
 boto3 = pytest.importorskip("boto3")
 pytest.importorskip("moto.server")
@@ -211,49 +207,14 @@ def test_the_command_line_reads_and_writes_s3(s3, tmp_path):
     assert not (tmp_path / "s3:").exists()
 
 
-class _RangeHandler(SimpleHTTPRequestHandler):
-    """A static file server that answers Range requests (http.server's does not), as nginx, a
-    cloud bucket's web endpoint or a CDN does."""
-
-    def log_message(self, *args):
-        pass
-
-    def send_head(self):
-        path = Path(self.translate_path(self.path))
-        range_header = self.headers.get("Range")
-        if not range_header or not path.is_file():
-            return super().send_head()
-        data = path.read_bytes()
-        spec = range_header.removeprefix("bytes=")
-        first, _, last = spec.partition("-")
-        if first == "":
-            start, end = max(0, len(data) - int(last)), len(data) - 1
-        else:
-            start, end = int(first), min(int(last) if last else len(data) - 1, len(data) - 1)
-        if start >= len(data):
-            self.send_response(416)
-            self.send_header("Content-Range", f"bytes */{len(data)}")
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-            return None
-        body = data[start:end + 1]
-        self.send_response(206)
-        self.send_header("Content-Range", f"bytes {start}-{end}/{len(data)}")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        import io
-        return io.BytesIO(body)
-
-
 @pytest.fixture
 def http_root(tmp_path):
+    """A static file server with range requests (zfeed._range_server), in a thread here."""
     root = tmp_path / "served"
     root.mkdir()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), partial(_RangeHandler, directory=str(root)))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    server, url = serve_in_thread(root)
     try:
-        yield root, f"http://127.0.0.1:{server.server_address[1]}"
+        yield root, url
     finally:
         server.shutdown()
         server.server_close()
@@ -293,3 +254,41 @@ def test_an_absent_server_is_a_prompt_error(tmp_path):
     with pytest.raises(zfeed.ZarrError, match=rf"http://127\.0\.0\.1:{port}/x\.zarr/zarr\.json: "):
         zfeed.open(f"http://127.0.0.1:{port}/x.zarr")
     assert time.monotonic() - start < 20
+
+
+def test_stage_makes_one_local_copy_per_node(s3, tmp_path):
+    """Two processes of a node stage the same S3 store at once: one copies, the other waits for
+    it; the copy holds the same files, and the loader reads it as it reads S3."""
+    local = tmp_path / "era5.zarr"
+    _era5_like(local)
+    _upload(s3["client"], local, "stage/era5.zarr")
+    destination = tmp_path / "node-local" / "era5.zarr"
+    command = [zfeed_cli.zfeed_command(), "stage", "s3://weather/stage/era5.zarr", str(destination), "-q"]
+    processes = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for _ in range(2)]
+    outputs = [p.communicate(timeout=300) for p in processes]
+    assert [p.returncode for p in processes] == [0, 0], outputs
+    assert sum("already a complete copy" in out for out, _ in outputs) == 1, outputs
+    copied = {k: v for k, v in _files(destination).items() if not k.startswith(".zfeed-stage")}
+    assert copied == _files(local)
+    assert zfeed.stage("s3://weather/stage/era5.zarr", destination, progress=False) == destination
+    kwargs = dict(inputs=["t2m", "u500"], targets=["z500"], batch_size=3, seed=11)
+    staged = [{k: np.array(v, copy=True) for k, v in b.items()} for b in zfeed.Loader(destination, **kwargs)]
+    remote = [{k: np.array(v, copy=True) for k, v in b.items()} for b in zfeed.Loader("s3://weather/stage/era5.zarr", **kwargs)]
+    assert len(staged) == len(remote) > 0
+    for a, b in zip(staged, remote):
+        for key in a:
+            np.testing.assert_array_equal(a[key], b[key])
+
+
+def test_stage_copies_a_plain_http_store_from_its_metadata(http_root, tmp_path, capfd):
+    root, url = http_root
+    values = _write_arrays(root / "data.zarr", np.random.default_rng(6))
+    zfeed.open(root / "data.zarr").consolidate()
+    path = zfeed.stage(f"{url}/data.zarr", tmp_path / "copy.zarr")
+    assert "stage: " in capfd.readouterr().err
+    copy = zfeed.open(path)
+    for name, expected in values.items():
+        np.testing.assert_array_equal(copy[name][...], expected)
+    result = zfeed_cli.run("stage", f"{url}/data.zarr", tmp_path / "copy.zarr")
+    assert "already a complete copy" in result.stdout

@@ -52,7 +52,7 @@ _load_libstdcxx_first()
 _load_core()
 from ._core import NodeNotFoundError, UnsupportedError, ZarrError  # noqa: E402
 from ._core import build_info, cuda_status, gds_status  # noqa: E402
-from .array import Array, Group, create, create_group, open, open_array, open_group, memory_store
+from .array import Array, Group, create, create_group, open, open_array, open_group, memory_store, stage
 from .loader import Loader
 
 __all__ = [
@@ -71,5 +71,6 @@ __all__ = [
     "open",
     "open_array",
     "open_group",
+    "stage",
 ]
 __version__ = "0.1.0"

@@ -15,6 +15,7 @@
 #include "zfeed/util/error.h"
 #include "zfeed/zarr/array.h"
 #include "zfeed/zarr/group.h"
+#include "zfeed/zarr/stage.h"
 
 namespace nb = nanobind;
 
@@ -245,6 +246,35 @@ NB_MODULE(_core, m) {
       .def("members", &Group::members, nb::call_guard<nb::gil_scoped_release>())
       .def("open_member", &Group::open_member, "name"_a, nb::call_guard<nb::gil_scoped_release>())
       .def("consolidate", &Group::consolidate, nb::call_guard<nb::gil_scoped_release>());
+
+  m.def(
+      "stage",
+      [](std::shared_ptr<zfeed::Store> source, const std::string& destination, size_t threads,
+         nb::object progress) {
+        zfeed::zarr::StageOptions options;
+        options.threads = threads;
+        if (!progress.is_none()) {
+          options.progress = [&progress](const zfeed::zarr::StageProgress& p) {
+            nb::gil_scoped_acquire acquire;
+            progress(p.keys_done, p.keys_total, p.bytes_copied, p.seconds);
+          };
+        }
+        zfeed::zarr::StageResult result;
+        {
+          nb::gil_scoped_release release;  // copies for minutes; other threads go on
+          result = zfeed::zarr::stage(std::move(source), destination, options);
+        }
+        nb::dict out;
+        out["keys"] = result.keys;
+        out["copied"] = result.copied;
+        out["present"] = result.present;
+        out["missing"] = result.missing;
+        out["bytes_copied"] = result.bytes_copied;
+        out["seconds"] = result.seconds;
+        out["already_complete"] = result.already_complete;
+        return out;
+      },
+      "source"_a, "destination"_a, "threads"_a = 0, "progress"_a = nb::none());
 
   m.def("open_node", &zfeed::zarr::open_node, "store"_a, "path"_a = "",
         nb::call_guard<nb::gil_scoped_release>());

@@ -6,6 +6,7 @@ import builtins
 import json
 import math
 import os
+from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import numpy as np
@@ -617,6 +618,31 @@ def open_array(store, path: str | None = None) -> Array:
 def open_group(store, path: str | None = None) -> Group:
     s, p = _split_path(store, path)
     return Group(_core.Group.open(s, p))
+
+
+def stage(source, destination, threads: int | None = None, progress: bool = True) -> Path:
+    """Copy the Zarr store at ``source`` (``s3://``, ``gs://``, ``https://`` or a path on a shared
+    file system) to the local directory ``destination`` and return its path, so that training
+    reads local files. Resumable (values present from an interrupted run are kept), and shared:
+    the processes of a node that stage the same destination at once wait for one copy, so every
+    rank may call it (on a cluster, give a node-local path: each node makes its own copy).
+    ``progress`` prints a progress line to stderr."""
+    import sys
+    import time
+
+    last = [0.0]
+
+    def show(done, total, copied, seconds):
+        now = time.monotonic()
+        if now - last[0] < 0.5 and done < total:
+            return
+        last[0] = now
+        rate = copied / seconds / 1e6 if seconds > 0 else 0.0
+        print(f"\rstage: {done}/{total} keys, {copied / 2**20:.1f} MiB copied, {rate:.1f} MB/s   ",
+              end="" if done < total else "\n", file=sys.stderr, flush=True)
+
+    _core.stage(_store(source), os.fspath(destination), int(threads or 0), show if progress else None)
+    return Path(os.fspath(destination))
 
 
 def create_group(store, path: str | None = None, attributes: dict | None = None, zarr_format: int = 3,

@@ -113,6 +113,7 @@ struct Response {
   std::string content_range;  // the Content-Range header's value
   std::string bucket_region;  // x-amz-bucket-region, where S3 says the bucket lives elsewhere
   int64_t content_length = -1;
+  Bytes* body_sink = nullptr;  // where the body goes, reserved from Content-Length
 };
 
 size_t on_body(char* data, size_t size, size_t count, void* user) {
@@ -134,6 +135,11 @@ size_t on_header(char* data, size_t size, size_t count, void* user) {
   while (!value.empty() && (value.back() == '\r' || value.back() == '\n' || value.back() == ' '))
     value.remove_suffix(1);
   if (name == "content-range") response->content_range = value;
+  if (name == "content-length" && response->body_sink) {
+    // Grow the body's buffer once, not by doubling as it arrives.
+    const uint64_t length = std::strtoull(std::string(value).c_str(), nullptr, 10);
+    if (length > 0 && length < (uint64_t{1} << 40)) response->body_sink->reserve(length);
+  }
   if (name == "x-amz-bucket-region") response->bucket_region = value;
   return size * count;
 }
@@ -477,6 +483,18 @@ class HttpStore final : public Store {
     curl_easy_setopt(handle, CURLOPT_WRITEDATA, sink);
     curl_easy_setopt(handle, CURLOPT_HEADERFUNCTION, on_header);
     curl_easy_setopt(handle, CURLOPT_HEADERDATA, &response);
+    response.body_sink = sink;
+    // Larger reads from the socket: chunks are megabytes, libcurl's default buffer is 16 KiB.
+    curl_easy_setopt(handle, CURLOPT_BUFFERSIZE, 512L * 1024);
+    // Certificates where the environment names them (a site's own CA, a proxy's), as the AWS
+    // tools and curl do; else libcurl's default bundle.
+    static const std::string ca_bundle = [] {
+      for (const char* name : {"AWS_CA_BUNDLE", "CURL_CA_BUNDLE", "SSL_CERT_FILE"}) {
+        if (std::string value = environment(name); !value.empty()) return value;
+      }
+      return std::string();
+    }();
+    if (!ca_bundle.empty()) curl_easy_setopt(handle, CURLOPT_CAINFO, ca_bundle.c_str());
     // A plain HTTP server may redirect (a CDN); a signed request must not follow one.
     curl_easy_setopt(handle, CURLOPT_FOLLOWLOCATION, options_.s3 ? 0L : 1L);
     const std::string_view verb = method;

@@ -1,6 +1,7 @@
 #include "zfeed/store/http_store.h"
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -205,6 +206,39 @@ TEST(HttpStore, ReadsManyAtOnce) {
   for (int i = 0; i < 64; ++i) EXPECT_EQ(text(*values[i]), "value " + std::to_string(i));
   EXPECT_FALSE(values[64]);
   EXPECT_GT(server.max_in_flight.load(), 1);
+}
+
+TEST(HttpStore, AForkedChildOpensItsOwnConnections) {
+  // A DataLoader worker forked after the parent read: the parent's kept connections are its
+  // own, the child reads (many at once, on the I/O pool) through new ones, and the parent's go
+  // on working after.
+  TestServer server;
+  std::vector<KeyRange> requests;
+  for (int i = 0; i < 40; ++i) {
+    server.put("k" + std::to_string(i), "value " + std::to_string(i));
+    requests.push_back({"k" + std::to_string(i), ByteRange::all()});
+  }
+  auto store = make_http_store(quick(server.url()));
+  ASSERT_EQ(store->get_many(requests).size(), 40u);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    try {
+      const auto values = store->get_many(requests);
+      for (int i = 0; i < 40; ++i) {
+        if (!values[i] || text(*values[i]) != "value " + std::to_string(i)) ::_exit(2);
+      }
+    } catch (...) {
+      ::_exit(3);
+    }
+    ::_exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status)) << "the child died of signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  const auto values = store->get_many(requests);
+  for (int i = 0; i < 40; ++i) EXPECT_EQ(text(*values[i]), "value " + std::to_string(i));
 }
 
 TEST(HttpStore, OptionsFromUrls) {

@@ -6,6 +6,7 @@
 #include "zfeed/tools/info.h"
 #include "zfeed/tools/python_verb.h"
 #include "zfeed/tools/rechunk.h"
+#include "zfeed/tools/stage.h"
 #include "zfeed/tools/stats.h"
 #include "zfeed/tools/synth.h"
 #include "zfeed/util/error.h"
@@ -18,13 +19,16 @@ int main(int argc, char** argv) {
       app.add_subcommand("info", "Show the tree of a Zarr store: shapes, chunks, codecs, sizes");
   std::string info_path;
   bool info_json = false;
-  info->add_option("path", info_path, "store path (a directory, file:// URL)")->required();
+  info->add_option("path", info_path,
+                   "store path or URL (a directory, file://, s3://, gs://, https://)")
+      ->required();
   info->add_flag("--json", info_json, "print JSON instead of a tree");
 
   zfeed::tools::add_synth_command(app);
   zfeed::tools::add_stats_command(app);
   zfeed::tools::add_convert_command(app);
   zfeed::tools::add_rechunk_command(app);
+  zfeed::tools::add_stage_command(app);
   auto* bench = zfeed::tools::add_python_verb(
       app, "bench",
       "Loader throughput on a store, zfeed beside its peers (runs python -m zfeed.bench)");

@@ -1,0 +1,72 @@
+#include "zfeed/tools/stage.h"
+
+#include <cstdio>
+#include <iostream>
+#include <memory>
+
+#include "zfeed/store/store.h"
+#include "zfeed/tools/info.h"
+#include "zfeed/zarr/stage.h"
+
+namespace zfeed::tools {
+namespace {
+
+struct StageArgs {
+  std::string source, destination;
+  size_t threads = 0;
+  bool quiet = false;
+};
+
+int run_stage(const StageArgs& args) {
+  zarr::StageOptions options;
+  options.threads = args.threads;
+  if (!args.quiet) {
+    options.progress = [](const zarr::StageProgress& p) {
+      const double rate = p.seconds > 0 ? double(p.bytes_copied) / p.seconds / 1e6 : 0.0;
+      std::fprintf(stderr, "\rstage: %llu/%llu keys  %s copied  %.1f MB/s   ",
+                   static_cast<unsigned long long>(p.keys_done),
+                   static_cast<unsigned long long>(p.keys_total),
+                   human_bytes(double(p.bytes_copied)).c_str(), rate);
+    };
+  }
+  const zarr::StageResult result = zarr::stage(open_store(args.source), args.destination, options);
+  if (!args.quiet) std::fprintf(stderr, "\n");
+  if (result.already_complete) {
+    std::cout << args.destination << ": already a complete copy of " << args.source << " ("
+              << result.keys << " keys)\n";
+  } else {
+    std::cout << args.destination << ": " << result.keys << " keys of " << args.source << ", "
+              << result.copied << " copied (" << human_bytes(double(result.bytes_copied)) << "), "
+              << result.present << " already there, " << result.missing
+              << " absent from the source (fill value), in " << result.seconds << " s\n";
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_stage_command(CLI::App& app) {
+  auto args = std::make_shared<StageArgs>();
+  auto* cmd = app.add_subcommand(
+      "stage",
+      "Copy a Zarr store (s3://, gs://, https://, or a shared file system) to a node-local "
+      "directory: resumable; the processes of a node that stage it at once share one copy");
+  cmd->add_option("source", args->source, "the store to copy (a URL or path)")->required();
+  cmd->add_option("destination", args->destination, "a local directory (created)")->required();
+  cmd->add_option("--threads", args->threads,
+                  "reads in flight (default: ZFEED_IO_THREADS for a remote store, one per core "
+                  "for a local one)")
+      ->check(CLI::Range(1, 4096));
+  cmd->add_flag("--quiet,-q", args->quiet, "no progress line");
+  cmd->callback([args] {
+    int status = 1;
+    try {
+      status = run_stage(*args);
+    } catch (const std::exception& e) {
+      std::cerr << "\nzfeed: error: " << e.what() << "\n";
+    }
+    if (status != 0) throw CLI::RuntimeError(status);
+  });
+}
+
+}  // namespace zfeed::tools
