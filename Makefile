@@ -8,7 +8,7 @@ FUZZ_SECONDS ?= 30
 # One build of the Python package at a time (helpers and CI share build/python).
 LOCK := flock build/.python.lock
 
-.PHONY: all deps build python test test-cpp test-python fuzz demo bench bench-loader format format-check clean
+.PHONY: all deps build python test test-cpp test-python fuzz demo bench bench-loader bench-remote format format-check clean
 
 all: build python
 
@@ -53,6 +53,10 @@ bench: deps python
 # The loader benchmark (zfeed bench): zfeed, the hackathon baseline, tensorstore and the zstd limit.
 bench-loader: deps python
 	$(PY) -m zfeed.bench --json docs/loader_bench.json --plot docs/loader_bench.png
+
+# Remote reads over HTTP on loopback: zfeed, tensorstore and zarr-python.
+bench-remote: deps python
+	$(PY) bench/remote_read_bench.py --json docs/remote_read_bench.json --plot docs/remote_read_bench.png
 
 FORMATTED = $$(git ls-files 'src/*.cc' 'src/*.h' 'src/*.cu' 'python/*.cc' 'python/*.h' 'bench/*.cc' 'fuzz/*.cc' 'fuzz/*.h')
 

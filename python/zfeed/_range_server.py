@@ -19,6 +19,10 @@ from pathlib import Path
 class RangeHandler(SimpleHTTPRequestHandler):
     latency_s = 0.0
     protocol_version = "HTTP/1.1"  # keep connections open, as real servers do
+    # TCP_NODELAY, as nginx and object stores send: with Nagle on, a response's last partial
+    # segment waits for the client's delayed ACK (up to 40 ms) once a kept connection has left
+    # quick-ACK mode, which made single reads on reused connections stall here.
+    disable_nagle_algorithm = True
 
     def log_message(self, *args):
         pass
