@@ -65,8 +65,12 @@ def s3_server():
 @pytest.fixture
 def s3(s3_server, monkeypatch):
     """The environment a user sets for an S3-compatible store; zfeed reads it when it opens one."""
-    for name in ("AWS_NO_SIGN_REQUEST", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3", "AWS_DEFAULT_REGION"):
+    for name in ("AWS_NO_SIGN_REQUEST", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3", "AWS_DEFAULT_REGION",
+                 "AWS_PROFILE"):
         monkeypatch.delenv(name, raising=False)
+    # No profile files: a developer's ~/.aws must not sign the "unsigned" requests below.
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/credentials")
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent/config")
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server["endpoint"])
     monkeypatch.setenv("AWS_REGION", "us-east-1")
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3_server["key"])
@@ -188,12 +192,32 @@ def test_s3_errors_name_the_key_and_what_was_wrong(s3, tmp_path, monkeypatch):
         zfeed.open("s3://weather/errors.zarr")
 
 
+def test_credentials_from_an_aws_profile(s3, tmp_path, monkeypatch):
+    """What `aws configure` writes: the keys in ~/.aws/credentials, the region in ~/.aws/config."""
+    _write_arrays("s3://weather/profile.zarr", np.random.default_rng(8))
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION"):
+        monkeypatch.delenv(name)
+    (tmp_path / "credentials").write_text(
+        f"[trainer]\naws_access_key_id = {s3['key']}\naws_secret_access_key = {s3['secret']}\n")
+    (tmp_path / "config").write_text("[profile trainer]\nregion = us-east-1\n")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "credentials"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
+    with pytest.raises(zfeed.ZarrError, match="unsigned"):
+        zfeed.open("s3://weather/profile.zarr")  # the default profile has no keys
+    monkeypatch.setenv("AWS_PROFILE", "trainer")
+    assert zfeed.open("s3://weather/profile.zarr/q").shape == (7, 11)
+
+
 def test_the_command_line_reads_and_writes_s3(s3, tmp_path):
     local = tmp_path / "era5.zarr"
     _era5_like(local)
     _upload(s3["client"], local, "cli/era5.zarr")
     info = zfeed_cli.run("info", "s3://weather/cli/era5.zarr").stdout
     assert "s3://weather/cli/era5.zarr" in info and "t2m" in info and "zstd" in info
+    # Statistics computed from S3 and written back there as attributes.
+    zfeed_cli.run("stats", "s3://weather/cli/era5.zarr", "--variables", "t2m")
+    stats = zfeed.open("s3://weather/cli/era5.zarr")["t2m"].attrs["zfeed_stats"]
+    np.testing.assert_allclose(stats["mean"], zfeed.open(local)["t2m"][...].astype("float64").mean(), rtol=1e-6)
     # A remote input converts to a local directory; a remote output is refused, not written to
     # a local directory named "s3:".
     zfeed_cli.run("rechunk", "s3://weather/cli/era5.zarr", tmp_path / "rechunked.zarr", "--chunks", "time=4", "-q")

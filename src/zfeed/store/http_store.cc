@@ -4,9 +4,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -539,6 +542,62 @@ class HttpStore final : public Store {
   mutable HandlePool handles_;
 };
 
+std::string trim(std::string_view text) {
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.front())))
+    text.remove_prefix(1);
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back())))
+    text.remove_suffix(1);
+  return std::string(text);
+}
+
+// The keys of one [section] of an AWS shared file (INI); empty if the file or the section is
+// absent. `found` says whether the section was there.
+std::map<std::string, std::string> aws_file_section(const std::string& path,
+                                                    const std::string& section, bool& found) {
+  std::map<std::string, std::string> values;
+  std::ifstream file(path);
+  if (!file) return values;
+  std::string line;
+  bool inside = false;
+  while (std::getline(file, line)) {
+    const std::string text = trim(line);
+    if (text.empty() || text[0] == '#' || text[0] == ';') continue;
+    if (text.front() == '[' && text.back() == ']') {
+      inside = trim(std::string_view(text).substr(1, text.size() - 2)) == section;
+      found = found || inside;
+      continue;
+    }
+    const size_t equals = text.find('=');
+    if (inside && equals != std::string::npos) {
+      values[trim(std::string_view(text).substr(0, equals))] =
+          trim(std::string_view(text).substr(equals + 1));
+    }
+  }
+  return values;
+}
+
+// The AWS CLI's and SDKs' shared files for a profile: credentials (section "NAME") and config
+// (section "default" or "profile NAME"), the former's keys first.
+std::map<std::string, std::string> aws_profile() {
+  std::string profile = environment("AWS_PROFILE");
+  const bool named = !profile.empty();
+  if (!named) profile = "default";
+  const std::string home = environment("HOME");
+  std::string credentials = environment("AWS_SHARED_CREDENTIALS_FILE");
+  if (credentials.empty() && !home.empty()) credentials = home + "/.aws/credentials";
+  std::string config = environment("AWS_CONFIG_FILE");
+  if (config.empty() && !home.empty()) config = home + "/.aws/config";
+  bool found = false;
+  std::map<std::string, std::string> values = aws_file_section(credentials, profile, found);
+  const auto from_config =
+      aws_file_section(config, profile == "default" ? profile : "profile " + profile, found);
+  values.insert(from_config.begin(), from_config.end());
+  if (named && !found) {
+    throw Error("AWS_PROFILE=" + profile + ": no such profile in " + credentials + " or " + config);
+  }
+  return values;
+}
+
 size_t io_threads() {
   const std::string value = environment("ZFEED_IO_THREADS");
   if (!value.empty()) {
@@ -623,8 +682,15 @@ HttpStoreOptions http_store_options(std::string_view url) {
   if (!prefix.empty()) Store::check_key(prefix);
 
   options.s3 = true;
+  // The environment first, then the profile's shared files, as the AWS tools read them.
+  const auto profile = google ? std::map<std::string, std::string>() : aws_profile();
+  auto from_profile = [&](const char* key) {
+    const auto it = profile.find(key);
+    return it == profile.end() ? std::string() : it->second;
+  };
   options.region = environment("AWS_REGION");
   if (options.region.empty()) options.region = environment("AWS_DEFAULT_REGION");
+  if (options.region.empty() && !google) options.region = from_profile("region");
   if (options.region.empty()) options.region = google ? "auto" : "us-east-1";
   std::string endpoint;
   if (google) {
@@ -632,6 +698,7 @@ HttpStoreOptions http_store_options(std::string_view url) {
   } else {
     endpoint = environment("AWS_ENDPOINT_URL_S3");
     if (endpoint.empty()) endpoint = environment("AWS_ENDPOINT_URL");
+    if (endpoint.empty()) endpoint = from_profile("endpoint_url");
     if (endpoint.empty()) endpoint = "https://s3." + options.region + ".amazonaws.com";
   }
   while (endpoint.ends_with('/')) endpoint.pop_back();
@@ -652,6 +719,15 @@ HttpStoreOptions http_store_options(std::string_view url) {
     if (!options.access_key.empty() && options.secret_key.empty()) {
       throw Error(options.display_url +
                   ": AWS_ACCESS_KEY_ID is set but AWS_SECRET_ACCESS_KEY is not");
+    }
+    if (options.access_key.empty()) {
+      options.access_key = from_profile("aws_access_key_id");
+      options.secret_key = from_profile("aws_secret_access_key");
+      options.session_token = from_profile("aws_session_token");
+      if (!options.access_key.empty() && options.secret_key.empty()) {
+        throw Error(options.display_url +
+                    ": the AWS profile has aws_access_key_id but no aws_secret_access_key");
+      }
     }
   }
   return options;

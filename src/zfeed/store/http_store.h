@@ -46,9 +46,12 @@ struct HttpStoreOptions {
 // Options from a URL: "http://..." and "https://..." (plain HTTP); "s3://bucket/prefix" (endpoint
 // from AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL, else https://s3.REGION.amazonaws.com; region from
 // AWS_REGION or AWS_DEFAULT_REGION; credentials from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and
-// AWS_SESSION_TOKEN, none or AWS_NO_SIGN_REQUEST=1 for unsigned requests); "gs://bucket/prefix"
-// (Google Cloud Storage's S3-compatible XML API at https://storage.googleapis.com, unsigned unless
-// AWS-style HMAC keys are set). Paths use path-style addressing (endpoint/bucket/key).
+// AWS_SESSION_TOKEN, none or AWS_NO_SIGN_REQUEST=1 for unsigned requests; where the environment
+// does not say, the profile AWS_PROFILE (or "default") of ~/.aws/credentials and ~/.aws/config,
+// or of AWS_SHARED_CREDENTIALS_FILE and AWS_CONFIG_FILE: region, endpoint_url and keys);
+// "gs://bucket/prefix" (Google Cloud Storage's S3-compatible XML API at
+// https://storage.googleapis.com, unsigned unless AWS-style HMAC keys are set). Paths use
+// path-style addressing (endpoint/bucket/key).
 HttpStoreOptions http_store_options(std::string_view url);
 
 std::shared_ptr<Store> make_http_store(HttpStoreOptions options);

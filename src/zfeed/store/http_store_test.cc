@@ -5,13 +5,16 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <fstream>
 
 #include "zfeed/store/http_testing.h"
 #include "zfeed/util/error.h"
+#include "zfeed/util/testing.h"
 
 namespace zfeed {
 namespace {
 
+using testing::error_of;
 using testing::TestServer;
 using testing::text;
 
@@ -242,6 +245,10 @@ TEST(HttpStore, AForkedChildOpensItsOwnConnections) {
 }
 
 TEST(HttpStore, OptionsFromUrls) {
+  // No profile files: what a developer's ~/.aws holds must not change the outcome.
+  ::setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/credentials", 1);
+  ::setenv("AWS_CONFIG_FILE", "/nonexistent/config", 1);
+  ::unsetenv("AWS_PROFILE");
   ::setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9000/", 1);
   ::setenv("AWS_REGION", "eu-west-1", 1);
   ::setenv("AWS_ACCESS_KEY_ID", "key", 1);
@@ -281,6 +288,53 @@ TEST(HttpStore, OptionsFromUrls) {
   EXPECT_GT(open_store("https://example.org/x.zarr")->read_concurrency(), 1u);
   EXPECT_EQ(percent_encode("a b/c~d&", true), "a%20b/c~d%26");
   EXPECT_EQ(percent_encode("a/b", false), "a%2Fb");
+  ::unsetenv("AWS_SHARED_CREDENTIALS_FILE");
+  ::unsetenv("AWS_CONFIG_FILE");
+}
+
+TEST(HttpStore, CredentialsAndRegionFromTheAwsProfileFiles) {
+  zfeed::testing::TempDir dir;
+  const std::string credentials = dir.path() + "/credentials";
+  const std::string config = dir.path() + "/config";
+  std::ofstream(credentials) << "# keys\n[default]\naws_access_key_id = AKIADEFAULT\n"
+                                "aws_secret_access_key=default-secret\n\n[training]\n"
+                                "aws_access_key_id = AKIATRAINING\naws_secret_access_key = s\n"
+                                "aws_session_token = token\n";
+  std::ofstream(config) << "[default]\nregion = eu-central-1\n[profile training]\n"
+                           "region = us-west-2\nendpoint_url = http://127.0.0.1:9000\n";
+  for (const char* name : {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+                           "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL",
+                           "AWS_ENDPOINT_URL_S3", "AWS_NO_SIGN_REQUEST", "AWS_PROFILE"}) {
+    ::unsetenv(name);
+  }
+  ::setenv("AWS_SHARED_CREDENTIALS_FILE", credentials.c_str(), 1);
+  ::setenv("AWS_CONFIG_FILE", config.c_str(), 1);
+  auto options = http_store_options("s3://b/x");
+  EXPECT_EQ(options.access_key, "AKIADEFAULT");
+  EXPECT_EQ(options.secret_key, "default-secret");
+  EXPECT_EQ(options.region, "eu-central-1");
+  EXPECT_EQ(options.bucket_url, "https://s3.eu-central-1.amazonaws.com/b");
+  ::setenv("AWS_PROFILE", "training", 1);
+  options = http_store_options("s3://b/x");
+  EXPECT_EQ(options.access_key, "AKIATRAINING");
+  EXPECT_EQ(options.session_token, "token");
+  EXPECT_EQ(options.region, "us-west-2");
+  EXPECT_EQ(options.bucket_url, "http://127.0.0.1:9000/b");
+  // The environment wins over the files.
+  ::setenv("AWS_ACCESS_KEY_ID", "AKIAENV", 1);
+  ::setenv("AWS_SECRET_ACCESS_KEY", "env-secret", 1);
+  ::setenv("AWS_REGION", "ap-south-1", 1);
+  options = http_store_options("s3://b/x");
+  EXPECT_EQ(options.access_key, "AKIAENV");
+  EXPECT_EQ(options.session_token, "");
+  EXPECT_EQ(options.region, "ap-south-1");
+  ::setenv("AWS_PROFILE", "nobody", 1);
+  EXPECT_CONTAINS(error_of<Error>([] { http_store_options("s3://b/x"); }),
+                  "AWS_PROFILE=nobody: no such profile in " + credentials);
+  for (const char* name : {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION",
+                           "AWS_PROFILE", "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE"}) {
+    ::unsetenv(name);
+  }
 }
 
 TEST(HttpStore, ParsesObjectListings) {
