@@ -172,7 +172,9 @@ def _fill_nan(value) -> float | None:
 class Loader:
     """Batches of (inputs, targets) from variables of a Zarr group; see the module docstring.
 
-    ``store``: a path, URL, store or :class:`zfeed.Group`. ``inputs``/``targets``: variable names,
+    ``store``: a path, URL (``s3://``, ``gs://``, ``https://``: read with ``ZFEED_IO_THREADS``
+    requests in flight; or stage it to local disk first with :func:`zfeed.stage`), store or
+    :class:`zfeed.Group`. ``inputs``/``targets``: variable names,
     ``(name, level_index or [level_indices])`` for (time, level, lat, lon) arrays, or dicts
     ``{"name", "levels", "level_values", "mean", "std"}`` (``level_values``: levels by the values
     of the coordinate named like the level dimension, as xarray's ``.sel``: ``[500, 850]``). ``normalize``: True (given statistics, else each

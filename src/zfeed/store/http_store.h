@@ -50,7 +50,7 @@ struct HttpStoreOptions {
 // does not say, the profile AWS_PROFILE (or "default") of ~/.aws/credentials and ~/.aws/config,
 // or of AWS_SHARED_CREDENTIALS_FILE and AWS_CONFIG_FILE: region, endpoint_url and keys);
 // "gs://bucket/prefix" (Google Cloud Storage's S3-compatible XML API at
-// https://storage.googleapis.com, unsigned unless AWS-style HMAC keys are set). Paths use
+// https://storage.googleapis.com, unsigned: public data). Paths use
 // path-style addressing (endpoint/bucket/key).
 HttpStoreOptions http_store_options(std::string_view url);
 
