@@ -316,3 +316,27 @@ def test_stage_copies_a_plain_http_store_from_its_metadata(http_root, tmp_path, 
         np.testing.assert_array_equal(copy[name][...], expected)
     result = zfeed_cli.run("stage", f"{url}/data.zarr", tmp_path / "copy.zarr")
     assert "already a complete copy" in result.stdout
+
+
+def test_dataloader_workers_read_s3_after_the_parent_did(s3, tmp_path):
+    """DataLoader workers forked from a process that already read the store (its I/O threads
+    started, its connections kept) read through connections of their own, and split the epoch."""
+    torch = pytest.importorskip("torch")
+    from zfeed.torch import ZarrIterableDataset
+
+    local = tmp_path / "era5.zarr"
+    _era5_like(local)
+    _upload(s3["client"], local, "workers/era5.zarr")
+    url = "s3://weather/workers/era5.zarr"
+    zfeed.open(url)["t2m"].read_many([np.s_[t] for t in range(12)])  # the parent's threads and connections
+    dataset = ZarrIterableDataset(url, inputs=["t2m", "u500"], targets=["t2m"], batch_size=2, seed=3,
+                                  drop_last=False)
+    seen = {}
+    for batch in torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=2,
+                                             multiprocessing_context="fork"):
+        for i, t in enumerate(batch["times"].tolist()):
+            seen[t] = batch["inputs"][i].numpy().copy()
+    assert sorted(seen) == list(range(11))
+    data = zfeed.open(local)
+    for t, inputs in seen.items():
+        np.testing.assert_array_equal(inputs[0], data["t2m"][t] - 280.0)
