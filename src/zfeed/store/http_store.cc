@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -320,10 +321,7 @@ class HttpStore final : public Store {
       const std::string where = options_.display_url + " (listing \"" + std::string(prefix) + "\")";
       Bytes body;
       Response response = perform("GET", url, where, "", {}, &body);
-      if (response.status != 200) {
-        response.body = std::move(body);
-        throw status_error(where, response);
-      }
+      if (response.status != 200) throw status_error(where, response);
       ListPage page;
       try {
         page = parse_list_objects(
@@ -423,7 +421,8 @@ class HttpStore final : public Store {
   }
 
   // One request, retried with doubling delays while its failure may pass. The body goes into
-  // `body` where given (cleared before each attempt); an error body is kept in the response.
+  // `body` where given (cleared before each attempt); an error body is copied into the response
+  // (it is small, and `body` is often a reused buffer whose capacity should stay where it is).
   Response perform(const char* method, const std::string& url, const std::string& where,
                    const std::string& range_header, ByteView upload, Bytes* body) const {
     for (int attempt = 0;; ++attempt) {
@@ -444,7 +443,7 @@ class HttpStore final : public Store {
           if (attempt > 0) message += " after " + std::to_string(attempt + 1) + " attempts";
           throw Error(message);
         }
-        if (body && response.status >= 300) response.body = std::move(*body);
+        if (body && response.status >= 300) response.body = Bytes(body->view());
         if (attempt > 0 && (response.status >= 500 || response.status == 429)) {
           Error error = status_error(where, response);
           throw Error(std::string(error.what()) + " after " + std::to_string(attempt + 1) +
@@ -460,12 +459,12 @@ class HttpStore final : public Store {
                         ByteView upload, Bytes* sink, Response& response, char* error_text) const {
     CURL* handle = handles_.take();
     struct Give {
-      const HandlePool& pool;
+      HandlePool& pool;
       CURL* handle;
       curl_slist* headers = nullptr;
       ~Give() {
         curl_slist_free_all(headers);
-        const_cast<HandlePool&>(pool).give(handle);
+        pool.give(handle);
       }
     } give{handles_, handle};
     auto add_header = [&](const std::string& header) {
@@ -712,22 +711,23 @@ HttpStoreOptions http_store_options(std::string_view url) {
   const std::string no_sign = environment("AWS_NO_SIGN_REQUEST");
   const bool unsigned_requests =
       google || no_sign == "1" || no_sign == "true" || no_sign == "TRUE" || no_sign == "yes";
-  if (!unsigned_requests) {
-    options.access_key = environment("AWS_ACCESS_KEY_ID");
-    options.secret_key = environment("AWS_SECRET_ACCESS_KEY");
-    options.session_token = environment("AWS_SESSION_TOKEN");
+  // Keys from one source: the environment, else the profile; an access key needs its secret.
+  auto take_keys = [&](const std::function<std::string(const char*)>& read, const char* access,
+                       const char* secret, const char* token, const char* source) {
+    options.access_key = read(access);
+    options.secret_key = read(secret);
+    options.session_token = read(token);
     if (!options.access_key.empty() && options.secret_key.empty()) {
-      throw Error(options.display_url +
-                  ": AWS_ACCESS_KEY_ID is set but AWS_SECRET_ACCESS_KEY is not");
+      throw Error(options.display_url + ": " + access + " is set but " + secret + " is not (" +
+                  source + ")");
     }
+  };
+  if (!unsigned_requests) {
+    take_keys(environment, "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+              "in the environment");
     if (options.access_key.empty()) {
-      options.access_key = from_profile("aws_access_key_id");
-      options.secret_key = from_profile("aws_secret_access_key");
-      options.session_token = from_profile("aws_session_token");
-      if (!options.access_key.empty() && options.secret_key.empty()) {
-        throw Error(options.display_url +
-                    ": the AWS profile has aws_access_key_id but no aws_secret_access_key");
-      }
+      take_keys(from_profile, "aws_access_key_id", "aws_secret_access_key", "aws_session_token",
+                "in the AWS profile");
     }
   }
   return options;

@@ -11,8 +11,8 @@
 #include <ctime>
 #include <filesystem>
 #include <mutex>
+#include <optional>
 #include <set>
-#include <unordered_map>
 
 #include "zfeed/util/error.h"
 #include "zfeed/util/json.h"
@@ -99,17 +99,37 @@ std::optional<Json> read_record(const Store& destination) {
 
 }  // namespace
 
+namespace {
+
+// The hierarchy's keys, each with its size where the store's listing gives it (listed once).
+std::vector<std::pair<std::string, std::optional<uint64_t>>> hierarchy_entries(
+    const std::shared_ptr<Store>& store) {
+  std::vector<std::pair<std::string, std::optional<uint64_t>>> entries;
+  if (store->can_list()) {
+    for (auto& [key, size] : store->list_sizes("")) {
+      // A staged copy staged again: its own record and lock are not the hierarchy's.
+      if (key != kStageRecord && key != kStageLock) entries.emplace_back(std::move(key), size);
+    }
+    return entries;
+  }
+  std::set<std::string> keys;
+  add_node_keys(store, open_node(store, ""), "", keys);
+  for (const std::string& key : keys) entries.emplace_back(key, std::nullopt);
+  return entries;
+}
+
+}  // namespace
+
 std::vector<std::string> hierarchy_keys(const std::shared_ptr<Store>& store) {
   if (store->can_list()) {
     std::vector<std::string> keys = store->list("");
-    // A staged copy staged again: its own record and lock are not the hierarchy's.
     std::erase_if(keys,
                   [](const std::string& key) { return key == kStageRecord || key == kStageLock; });
     return keys;
   }
-  std::set<std::string> keys;
-  add_node_keys(store, open_node(store, ""), "", keys);
-  return {keys.begin(), keys.end()};
+  std::vector<std::string> keys;
+  for (auto& [key, size] : hierarchy_entries(store)) keys.push_back(std::move(key));
+  return keys;
 }
 
 StageResult stage(std::shared_ptr<Store> source, const std::string& destination_path,
@@ -160,35 +180,29 @@ StageResult stage(std::shared_ptr<Store> source, const std::string& destination_
   destination->set(kStageRecord,
                    as_bytes(Json{{"source", source->url()}, {"complete", false}}.dump(2)));
 
-  const std::vector<std::string> keys = hierarchy_keys(source);
-  result.keys = keys.size();
-  // Sizes from the source's listing where it gives them: a present value of another size is
-  // copied again.
-  std::unordered_map<std::string, uint64_t> listed_sizes;
-  if (source->can_list()) {
-    for (auto& [key, size] : source->list_sizes("")) listed_sizes.emplace(std::move(key), size);
-  }
+  const auto entries = hierarchy_entries(source);
+  result.keys = entries.size();
 
   std::atomic<uint64_t> done{0}, copied{0}, present{0}, missing{0}, bytes{0};
   std::mutex progress_mutex;
   double last_report = -1;
   auto report = [&](bool final) {
     if (!options.progress) return;
-    std::unique_lock guard(progress_mutex, std::try_to_lock);
-    if (!final && !guard.owns_lock()) return;
-    if (final && !guard.owns_lock()) guard.lock();
+    std::lock_guard guard(progress_mutex);
     const double now = elapsed();
     if (!final && now - last_report < 0.5) return;
     last_report = now;
-    options.progress({done.load(), keys.size(), bytes.load(), now});
+    options.progress({done.load(), entries.size(), bytes.load(), now});
   };
+  // --threads: a pool of that many; else the source's own concurrency.
+  std::optional<ThreadPool> own_pool;
   ThreadPool& pool = options.threads == 0 ? ThreadPool::for_reads(source->read_concurrency())
-                                          : ThreadPool::for_reads(options.threads);
-  pool.parallel_for(keys.size(), [&](size_t i) {
-    const std::string& key = keys[i];
+                                          : own_pool.emplace(options.threads);
+  pool.parallel_for(entries.size(), [&](size_t i) {
+    const auto& [key, listed_size] = entries[i];
     const auto have = destination->size(key);
-    const auto listed = listed_sizes.find(key);
-    if (have && (listed == listed_sizes.end() || listed->second == *have)) {
+    // A value present is complete (written whole); one of another listed size is copied again.
+    if (have && (!listed_size || *listed_size == *have)) {
       ++present;
     } else if (auto value = source->get(key)) {
       destination->set(key, *value);  // whole, by temporary file and rename
