@@ -5,6 +5,7 @@
 #include <set>
 
 #include "zfeed/store/http_store.h"
+#include "zfeed/store/staged_copy.h"
 #include "zfeed/util/error.h"
 #include "zfeed/util/scratch.h"
 
@@ -144,7 +145,8 @@ std::shared_ptr<Store> open_store(const std::string& path_or_url, bool create) {
   }
   FileStoreOptions options;
   options.create = create;
-  return make_file_store(std::string(path), options);
+  // A staged copy (zfeed stage) reads as what its record says it holds.
+  return open_staged_copy(make_file_store(std::string(path), options));
 }
 
 }  // namespace zfeed

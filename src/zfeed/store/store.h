@@ -138,7 +138,8 @@ struct FileStoreOptions {
 std::shared_ptr<Store> make_file_store(const std::string& root, FileStoreOptions options = {});
 
 // Opens a store from a path or URL: "file:///x", "/x", "x", "memory://", and the remote ones of
-// store/http_store.h: "http(s)://host/x", "s3://bucket/x", "gs://bucket/x".
+// store/http_store.h: "http(s)://host/x", "s3://bucket/x", "gs://bucket/x". A directory staged by
+// `zfeed stage` opens as its record says (store/staged_copy.h).
 std::shared_ptr<Store> open_store(const std::string& path_or_url, bool create = false);
 
 }  // namespace zfeed

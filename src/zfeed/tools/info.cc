@@ -8,6 +8,7 @@
 #if ZFEED_HAVE_CUDA
 #include "zfeed/cuda/gpu_decode_plan.h"
 #endif
+#include "zfeed/store/staged_copy.h"
 #include "zfeed/store/store.h"
 #include "zfeed/zarr/group.h"
 
@@ -314,6 +315,13 @@ Json describe_store(const std::string& store_path) {
     json = describe_group(std::get<zarr::Group>(node), "");
   }
   json["store"] = store->url();
+  if (const auto record = read_stage_record(*store)) {  // a staged copy: of what, and how much
+    Json staged = {{"source", record->value("source", std::string("?"))}};
+    const auto held = staged_time_range(*store);
+    staged["time_range"] = held ? Json{held->start, held->stop} : Json();
+    staged["time_dim"] = held ? Json(held->time_dim) : Json();
+    json["staged"] = staged;
+  }
   Json advice = Json::array();
   collect_advice(json, advice);
   json["advice"] = advice;
@@ -322,6 +330,17 @@ Json describe_store(const std::string& store_path) {
 
 void print_info(const Json& description, std::ostream& out) {
   out << description["store"].get<std::string>() << "\n";
+  if (description.contains("staged")) {
+    const Json& staged = description["staged"];
+    out << "staged copy of " << staged["source"].get<std::string>();
+    if (!staged["time_range"].is_null()) {
+      out << ", " << staged["time_dim"].get<std::string>() << " steps ["
+          << staged["time_range"][0].get<uint64_t>() << ", "
+          << staged["time_range"][1].get<uint64_t>()
+          << ") only (the chunks of other steps are not in it)";
+    }
+    out << "\n";
+  }
   print_node(description, out, "", true, true);
   const Json& advice = description["advice"];
   if (advice.empty()) return;

@@ -1,11 +1,13 @@
 #include "zfeed/tools/stage.h"
 
+#include <charconv>
 #include <cstdio>
 #include <iostream>
 #include <memory>
 
 #include "zfeed/store/store.h"
 #include "zfeed/tools/info.h"
+#include "zfeed/util/error.h"
 #include "zfeed/zarr/stage.h"
 
 namespace zfeed::tools {
@@ -15,11 +17,31 @@ struct StageArgs {
   std::string source, destination;
   size_t threads = 0;
   bool quiet = false;
+  std::string time;  // "START:STOP"
+  std::string time_dim = "time";
 };
+
+// "START:STOP" (time indices) as the pair StageOptions takes.
+std::pair<uint64_t, uint64_t> parse_time_range(const std::string& text) {
+  const size_t colon = text.find(':');
+  auto number = [&](std::string_view part) {
+    uint64_t value = 0;
+    const auto [ptr, ec] = std::from_chars(part.data(), part.data() + part.size(), value);
+    if (part.empty() || ec != std::errc() || ptr != part.data() + part.size()) {
+      throw Error("stage: --time takes START:STOP, two time indices, got \"" + text + "\"");
+    }
+    return value;
+  };
+  if (colon == std::string::npos) number("");
+  return {number(std::string_view(text).substr(0, colon)),
+          number(std::string_view(text).substr(colon + 1))};
+}
 
 int run_stage(const StageArgs& args) {
   zarr::StageOptions options;
   options.threads = args.threads;
+  if (!args.time.empty()) options.time_range = parse_time_range(args.time);
+  options.time_dim = args.time_dim;
   if (!args.quiet) {
     options.progress = [](const zarr::StageProgress& p) {
       const double rate = p.seconds > 0 ? double(p.bytes_copied) / p.seconds / 1e6 : 0.0;
@@ -31,13 +53,18 @@ int run_stage(const StageArgs& args) {
   }
   const zarr::StageResult result = zarr::stage(open_store(args.source), args.destination, options);
   if (!args.quiet) std::fprintf(stderr, "\n");
+  const std::string steps =
+      result.partial
+          ? " (" + result.partial->time_dim + " steps [" + std::to_string(result.partial->start) +
+                ", " + std::to_string(result.partial->stop) + ") of the arrays along it)"
+          : "";
   if (result.already_complete) {
-    std::cout << args.destination << ": already a complete copy of " << args.source << " ("
+    std::cout << args.destination << ": already a complete copy of " << args.source << steps << " ("
               << result.keys << " keys)\n";
   } else {
-    std::cout << args.destination << ": " << result.keys << " keys of " << args.source << ", "
-              << result.copied << " copied (" << human_bytes(double(result.bytes_copied)) << "), "
-              << result.present << " already there, " << result.missing
+    std::cout << args.destination << ": " << result.keys << " keys of " << args.source << steps
+              << ", " << result.copied << " copied (" << human_bytes(double(result.bytes_copied))
+              << "), " << result.present << " already there, " << result.missing
               << " absent from the source (fill value), in " << result.seconds << " s\n";
   }
   return 0;
@@ -57,6 +84,11 @@ void add_stage_command(CLI::App& app) {
                   "reads in flight (default: ZFEED_IO_THREADS for a remote store, one per core "
                   "for a local one)")
       ->check(CLI::Range(1, 4096));
+  cmd->add_option("--time", args->time,
+                  "START:STOP: only these time steps of the arrays along time (the chunks that "
+                  "hold them), the rest whole; the copy refuses reads of the chunks left out");
+  cmd->add_option("--time-dim", args->time_dim,
+                  "the time dimension's name, for --time (default: time)");
   cmd->add_flag("--quiet,-q", args->quiet, "no progress line");
   cmd->callback([args] {
     int status = 1;

@@ -31,37 +31,119 @@ std::string join(const std::string& path, const std::string& name) {
   return path.empty() ? name : path + "/" + name;
 }
 
-// Every grid index of an array, its chunk (or shard) keys.
-void add_chunk_keys(const Array& array, std::set<std::string>& keys) {
+// The grid indices of an array, its chunk (or shard) keys: every one, or where `held` is given
+// those of its time chunks [first_chunk, stop_chunk).
+void add_chunk_keys(const Array& array, const StagedTimeChunks* held, std::set<std::string>& keys) {
   const std::vector<uint64_t> grid = array.metadata().grid_shape();
   for (uint64_t extent : grid) {
     if (extent == 0) return;
   }
   std::vector<uint64_t> index(grid.size(), 0);
+  uint64_t first = 0, stop = grid.empty() ? 1 : grid[0];
+  if (held) {
+    first = std::min(held->first_chunk, stop);
+    stop = std::min(held->stop_chunk, stop);
+    if (first == stop) return;
+    index[0] = first;
+  }
   for (;;) {
     keys.insert(array.chunk_key(index));
     size_t d = grid.size();
-    while (d > 0 && ++index[d - 1] == grid[d - 1]) index[--d] = 0;
+    while (d > 0) {  // the next index, the last dimension fastest
+      const size_t k = d - 1;
+      if (++index[k] < (k == 0 ? stop : grid[k])) break;
+      index[k] = k == 0 ? first : 0;
+      --d;
+    }
     if (d == 0) return;
   }
 }
 
-// A node's metadata keys and everything under it. Members are opened through their parent, which
-// hands them its consolidated metadata (a store that cannot list has no other way to find them).
+const StagedTimeChunks* held_chunks(const StagedTimeRange* partial, const std::string& path) {
+  if (!partial) return nullptr;
+  for (const StagedTimeChunks& entry : partial->arrays) {
+    if (entry.path == path) return &entry;
+  }
+  return nullptr;
+}
+
+// A node's metadata keys and everything under it (of the arrays `partial` names, the chunks it
+// holds). Members are opened through their parent, which hands them its consolidated metadata (a
+// store that cannot list has no other way to find them).
 void add_node_keys(const std::shared_ptr<Store>& store, const Node& node, const std::string& path,
-                   std::set<std::string>& keys) {
+                   const StagedTimeRange* partial, std::set<std::string>& keys) {
   for (const char* name : kMetadataNames) {
     const std::string key = join(path, name);
     if (store->size(key)) keys.insert(key);
   }
   if (const Array* array = std::get_if<Array>(&node)) {
-    add_chunk_keys(*array, keys);
+    add_chunk_keys(*array, held_chunks(partial, path), keys);
     return;
   }
   const Group& group = std::get<Group>(node);
   for (const std::string& member : group.members()) {
-    add_node_keys(store, group.open_member(member), join(path, member), keys);
+    add_node_keys(store, group.open_member(member), join(path, member), partial, keys);
   }
+}
+
+// Calls `visit(array, path)` for each array of the hierarchy under `node`.
+void for_each_array(const Node& node, const std::string& path,
+                    const std::function<void(const Array&, const std::string&)>& visit) {
+  if (const Array* array = std::get_if<Array>(&node)) {
+    visit(*array, path);
+    return;
+  }
+  const Group& group = std::get<Group>(node);
+  for (const std::string& member : group.members()) {
+    for_each_array(group.open_member(member), join(path, member), visit);
+  }
+}
+
+std::string range_text(uint64_t start, uint64_t stop) {
+  return "[" + std::to_string(start) + ", " + std::to_string(stop) + ")";
+}
+
+// What a copy of time steps options.time_range holds: the time chunks of each array whose first
+// dimension is options.time_dim.
+StagedTimeRange plan_time_range(const std::shared_ptr<Store>& source, const StageOptions& options,
+                                const std::string& where) {
+  const auto [start, stop] = *options.time_range;
+  if (start >= stop) {
+    throw Error(where + ": the time range " + range_text(start, stop) + " holds no step");
+  }
+  StagedTimeRange range{options.time_dim, start, stop, {}};
+  std::set<std::string> first_dims;
+  for_each_array(open_node(source, ""), "", [&](const Array& array, const std::string& path) {
+    const ArrayMetadata& meta = array.metadata();
+    const std::optional<std::string> first =
+        meta.rank() > 0 && meta.dimension_names ? (*meta.dimension_names)[0] : std::nullopt;
+    if (meta.rank() >= 2) first_dims.insert(first ? "\"" + *first + "\"" : "unnamed");
+    if (meta.rank() < 2 || first != options.time_dim) return;
+    if (stop > meta.shape[0]) {
+      throw Error(where + ": the time range " + range_text(start, stop) + " passes the end of " +
+                  (path.empty() ? "the array" : path) + ", which has " +
+                  std::to_string(meta.shape[0]) + " " + options.time_dim + " steps");
+    }
+    StagedTimeChunks entry;
+    entry.path = path;
+    const bool v2_keys = meta.key_encoding.kind == ChunkKeyEncoding::Kind::kV2;
+    entry.separator = meta.key_encoding.separator;
+    entry.chunk_prefix = v2_keys ? "" : std::string("c") + entry.separator;
+    entry.time_chunk = meta.chunk_shape[0];
+    entry.first_chunk = start / entry.time_chunk;
+    entry.stop_chunk = (stop + entry.time_chunk - 1) / entry.time_chunk;
+    range.arrays.push_back(std::move(entry));
+  });
+  if (range.arrays.empty()) {
+    std::string seen;
+    for (const std::string& name : first_dims) seen += (seen.empty() ? "" : ", ") + name;
+    throw Error(where + ": no array of 2 or more dimensions has a first dimension named \"" +
+                options.time_dim + "\"" +
+                (seen.empty() ? std::string(" (there is none)")
+                              : " (their first dimensions: " + seen + ")") +
+                ": name the time dimension (--time-dim)");
+  }
+  return range;
 }
 
 // An exclusive lock on `path`, held until destruction (released by the kernel if the process
@@ -86,34 +168,25 @@ class FileLock {
   int fd_ = -1;
 };
 
-std::optional<Json> read_record(const Store& destination) {
-  const auto bytes = destination.get(kStageRecord);
-  if (!bytes) return std::nullopt;
-  try {
-    Json record = parse_json(bytes->as_string(), "staging record");
-    if (record.is_object()) return record;
-  } catch (const Error&) {
-  }
-  return std::nullopt;  // unreadable: copy again
-}
-
 }  // namespace
 
 namespace {
 
 // The hierarchy's keys, each with its size where the store's listing gives it (listed once).
 std::vector<std::pair<std::string, std::optional<uint64_t>>> hierarchy_entries(
-    const std::shared_ptr<Store>& store) {
+    const std::shared_ptr<Store>& store, const StagedTimeRange* partial = nullptr) {
   std::vector<std::pair<std::string, std::optional<uint64_t>>> entries;
   if (store->can_list()) {
     for (auto& [key, size] : store->list_sizes("")) {
       // A staged copy staged again: its own record and lock are not the hierarchy's.
-      if (key != kStageRecord && key != kStageLock) entries.emplace_back(std::move(key), size);
+      if (key == kStageRecord || key == kStageLock) continue;
+      if (partial && partial->excluding(key)) continue;
+      entries.emplace_back(std::move(key), size);
     }
     return entries;
   }
   std::set<std::string> keys;
-  add_node_keys(store, open_node(store, ""), "", keys);
+  add_node_keys(store, open_node(store, ""), "", partial, keys);
   for (const std::string& key : keys) entries.emplace_back(key, std::nullopt);
   return entries;
 }
@@ -150,12 +223,29 @@ StageResult stage(std::shared_ptr<Store> source, const std::string& destination_
   // One process of the node copies; the others wait here, then find the record.
   FileLock lock((fs::path(destination_path) / kStageLock).string());
   StageResult result;
-  if (const auto record = read_record(*destination)) {
+  const auto requested = options.time_range;
+  if (const auto record = read_stage_record(*destination)) {
     if (record->value("source", "") != source->url()) {
       throw Error(where + ": the destination holds a copy of " + record->value("source", "?") +
                   "; give another destination, or remove it");
     }
     if (record->value("complete", false)) {
+      // A whole copy serves any time range; a partial one only its own.
+      if (record->contains("partial")) {
+        StagedTimeRange held = *staged_time_range(*destination);
+        const std::string holds = "the destination holds " + held.time_dim + " steps " +
+                                  range_text(held.start, held.stop) + " of the source only";
+        if (!requested) {
+          throw Error(where + ": " + holds + "; stage the whole source to another destination");
+        }
+        if (requested->first != held.start || requested->second != held.stop ||
+            options.time_dim != held.time_dim) {
+          throw Error(where + ": " + holds + ", not " + options.time_dim + " steps " +
+                      range_text(requested->first, requested->second) +
+                      "; give another destination for that range");
+        }
+        result.partial = std::move(held);
+      }
       result.keys = record->value("keys", uint64_t{0});
       result.present = result.keys;
       result.already_complete = true;
@@ -175,12 +265,17 @@ StageResult stage(std::shared_ptr<Store> source, const std::string& destination_
       }
     }
   }
+  if (requested) result.partial = plan_time_range(source, options, where);
   // The record names the source before the first value lands, so that a resumed run knows
-  // the values present are this source's.
-  destination->set(kStageRecord,
-                   as_bytes(Json{{"source", source->url()}, {"complete", false}}.dump(2)));
+  // the values present are this source's (and what was asked, for the hint to finish it).
+  Json started{{"source", source->url()}, {"complete", false}};
+  if (requested) {
+    started["time_range"] = {requested->first, requested->second};
+    started["time_dim"] = options.time_dim;
+  }
+  destination->set(kStageRecord, as_bytes(started.dump(2)));
 
-  const auto entries = hierarchy_entries(source);
+  const auto entries = hierarchy_entries(source, result.partial ? &*result.partial : nullptr);
   result.keys = entries.size();
 
   std::atomic<uint64_t> done{0}, copied{0}, present{0}, missing{0}, bytes{0};
@@ -222,13 +317,13 @@ StageResult stage(std::shared_ptr<Store> source, const std::string& destination_
   char date[32];
   std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
   // Written last: a copy is complete only once every value is in place.
-  destination->set(kStageRecord, as_bytes(Json{
-                                     {"source", source->url()},
-                                     {"complete", true},
-                                     {"keys", result.keys},
-                                     {"missing", result.missing},
-                                     {"finished",
-                                      date}}.dump(2)));
+  Json finished{{"source", source->url()},
+                {"complete", true},
+                {"keys", result.keys},
+                {"missing", result.missing},
+                {"finished", date}};
+  if (result.partial) finished["partial"] = result.partial->to_json();
+  destination->set(kStageRecord, as_bytes(finished.dump(2)));
   result.seconds = elapsed();
   report(true);
   return result;

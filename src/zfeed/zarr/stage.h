@@ -3,15 +3,20 @@
 // the network. Resumable and shared by the processes of a node: an interrupted copy goes on where
 // it stopped (values are written whole by temporary file and rename, so a value present is a
 // value complete), and the processes that stage the same destination at once wait for the one
-// that copies (a lock file), then find the copy complete.
+// that copies (a lock file), then find the copy complete. A copy may hold part of the time axis
+// only (one node's share of the samples: loader/loader.h's `nodes`): its record says which, and
+// opened by path it refuses the chunks it does not hold (store/staged_copy.h).
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "zfeed/store/staged_copy.h"
 #include "zfeed/store/store.h"
 
 namespace zfeed::zarr {
@@ -28,6 +33,11 @@ struct StageOptions {
   size_t threads = 0;
   // Called now and then (at most every half second, and once at the end), one call at a time.
   std::function<void(const StageProgress&)> progress;
+  // Only time steps [first, second) of the arrays whose first dimension is named `time_dim`
+  // (those of rank 2 or more: 1-D coordinates are small and copied whole): the chunks (shards)
+  // that hold any of those steps. Everything else in the hierarchy is copied whole.
+  std::optional<std::pair<uint64_t, uint64_t>> time_range;
+  std::string time_dim = "time";
 };
 
 struct StageResult {
@@ -38,14 +48,14 @@ struct StageResult {
   uint64_t bytes_copied = 0;
   double seconds = 0;
   bool already_complete = false;  // an earlier run (or another process) had finished it
+  // What the copy holds of the time axis, where it holds part of it (nullopt: everything).
+  std::optional<StagedTimeRange> partial;
 };
 
-// The name of the record a finished copy leaves in the destination (a dot name: Zarr readers
-// skip it).
-inline constexpr const char* kStageRecord = ".zfeed-stage.json";
-
 // Copies the Zarr hierarchy (a group and everything under it, or one array) at the root of
-// `source` into the local directory `destination`, created if absent.
+// `source` into the local directory `destination`, created if absent. A destination already
+// holding a complete copy of the whole source serves any time range; one holding another time
+// range of it is refused.
 StageResult stage(std::shared_ptr<Store> source, const std::string& destination,
                   const StageOptions& options = {});
 

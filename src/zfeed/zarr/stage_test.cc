@@ -179,5 +179,209 @@ TEST(Stage, ProcessesStagingOneDestinationAtOnceShareOneCopy) {
   expect_same_hierarchy(source, destination);
 }
 
+// --- Partial copies: time steps [start, stop) of the arrays along time ----------------------
+
+ArrayMetadata timed(std::vector<uint64_t> shape, std::vector<uint64_t> chunks, const char* codecs,
+                    std::vector<std::string> dims, char separator = '/') {
+  ArrayMetadata meta = metadata(std::move(shape), std::move(chunks), codecs);
+  meta.dimension_names.emplace(dims.begin(), dims.end());
+  meta.key_encoding.separator = separator;
+  return meta;
+}
+
+const char* kShardedTime = R"([{"name": "sharding_indexed", "configuration": {
+    "chunk_shape": [1, 4, 5], "index_location": "end",
+    "codecs": [{"name": "bytes", "configuration": {"endian": "little"}},
+               {"name": "zstd", "configuration": {"level": 1}}],
+    "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}}]}}])";
+
+void fill_ramp(const Array& array, float base) {
+  std::vector<float> values(array.metadata().num_elements());
+  std::iota(values.begin(), values.end(), base);
+  array.write(array.full_selection(), values.data());
+}
+
+// Ten time steps: t2m in chunks of 2 steps, w (keys "c.1.0.0") in chunks of 3, sh in shards of
+// 4; a 1-D time coordinate in chunks of 3 and a static (lat, lon) field, both copied whole.
+std::shared_ptr<Store> timed_hierarchy() {
+  auto store = make_memory_store();
+  Group::create(store, "", 3);
+  fill_ramp(
+      Array::create(store, "t2m", timed({10, 4, 5}, {2, 4, 5}, kZstd, {"time", "lat", "lon"})),
+      0.5f);
+  fill_ramp(
+      Array::create(store, "w", timed({10, 4, 5}, {3, 4, 5}, kZstd, {"time", "lat", "lon"}, '.')),
+      1000.5f);
+  fill_ramp(Array::create(store, "sh",
+                          timed({10, 4, 5}, {4, 4, 5}, kShardedTime, {"time", "lat", "lon"})),
+            2000.5f);
+  fill_ramp(Array::create(store, "time", timed({10}, {3}, kZstd, {"time"})), 0.0f);
+  fill_ramp(Array::create(store, "lsm", timed({4, 5}, {4, 5}, kZstd, {"lat", "lon"})), 0.0f);
+  Group::open(store, "").consolidate();
+  return store;
+}
+
+std::vector<float> read_steps(const Array& array, uint64_t start, uint64_t stop) {
+  std::vector<float> out((stop - start) * 20);
+  array.read(Selection{Slice{start, stop, 1}, Slice{0, 4, 1}, Slice{0, 5, 1}}, out.data());
+  return out;
+}
+
+TEST(Stage, APartialCopyHoldsTheTimeChunksOfItsRange) {
+  auto source = timed_hierarchy();
+  TempDir dir;
+  const std::string destination = dir.path() + "/part";
+  StageOptions options;
+  options.time_range = {{3, 7}};
+  const StageResult result = stage(source, destination, options);
+  ASSERT_TRUE(result.partial);
+  EXPECT_EQ(result.partial->time_dim, "time");
+  ASSERT_EQ(result.partial->arrays.size(), 3u);  // not the 1-D coordinate nor the static field
+
+  auto files = make_file_store(destination);
+  // t2m: chunks 1, 2, 3 (steps 2 to 7); w: 1, 2 (steps 3 to 8); sh: shards 0, 1 (steps 0 to 7).
+  for (const char* key :
+       {"t2m/c/1/0/0", "t2m/c/2/0/0", "t2m/c/3/0/0", "w/c.1.0.0", "w/c.2.0.0", "sh/c/0/0/0",
+        "sh/c/1/0/0", "time/c/0", "time/c/3", "lsm/c/0/0", "zarr.json", "t2m/zarr.json"}) {
+    EXPECT_TRUE(files->size(key)) << key;
+  }
+  for (const char* key : {"t2m/c/0/0/0", "t2m/c/4/0/0", "w/c.0.0.0", "w/c.3.0.0", "sh/c/2/0/0"}) {
+    EXPECT_FALSE(files->size(key)) << key;
+  }
+
+  // Opened by path, the copy reads its steps as the source does, and refuses the others.
+  auto copy = open_store(destination);
+  for (const char* name : {"t2m", "w", "sh"}) {
+    EXPECT_EQ(read_steps(Array::open(copy, name), 3, 7),
+              read_steps(Array::open(source, name), 3, 7))
+        << name;
+  }
+  EXPECT_EQ(read_all(Array::open(copy, "time")), read_all(Array::open(source, "time")));
+  EXPECT_EQ(read_all(Array::open(copy, "lsm")), read_all(Array::open(source, "lsm")));
+  const std::string error = error_of<Error>([&] { read_steps(Array::open(copy, "t2m"), 0, 1); });
+  EXPECT_CONTAINS(error,
+                  "t2m/c/0/0/0: time chunk 0 (time steps 0 to 1) is not in this partial "
+                  "staged copy of memory://, which holds time steps [3, 7)");
+  EXPECT_CONTAINS(error_of<Error>([&] { read_steps(Array::open(copy, "w"), 9, 10); }),
+                  "w/c.3.0.0: time chunk 3 (time steps 9 to 11)");
+  EXPECT_CONTAINS(error_of<Error>([&] { read_steps(Array::open(copy, "sh"), 8, 9); }),
+                  "sh/c/2/0/0: time chunk 2");
+  const auto held = staged_time_range(*copy);
+  ASSERT_TRUE(held);
+  EXPECT_EQ(held->start, 3u);
+  EXPECT_EQ(held->stop, 7u);
+  EXPECT_FALSE(staged_time_range(*open_store(dir.path())));  // no record: no staged copy
+}
+
+TEST(Stage, APartialCopyServesItsOwnRangeOnly) {
+  auto source = timed_hierarchy();
+  TempDir dir;
+  StageOptions part;
+  part.time_range = {{3, 7}};
+  stage(source, dir.path() + "/part", part);
+  const StageResult again = stage(source, dir.path() + "/part", part);
+  EXPECT_TRUE(again.already_complete);
+  ASSERT_TRUE(again.partial);
+  EXPECT_EQ(again.partial->stop, 7u);
+  StageOptions other;
+  other.time_range = {{0, 4}};
+  EXPECT_CONTAINS(error_of<Error>([&] { stage(source, dir.path() + "/part", other); }),
+                  "the destination holds time steps [3, 7) of the source only, not time steps "
+                  "[0, 4); give another destination for that range");
+  EXPECT_CONTAINS(error_of<Error>([&] { stage(source, dir.path() + "/part"); }),
+                  "stage the whole source to another destination");
+  // A whole copy holds every range.
+  stage(source, dir.path() + "/whole");
+  const StageResult served = stage(source, dir.path() + "/whole", other);
+  EXPECT_TRUE(served.already_complete);
+  EXPECT_FALSE(served.partial);
+}
+
+TEST(Stage, ATimeRangeNeedsATimeDimensionItFits) {
+  auto source = timed_hierarchy();
+  TempDir dir;
+  StageOptions options;
+  options.time_range = {{3, 11}};
+  EXPECT_CONTAINS(error_of<Error>([&] { stage(source, dir.path() + "/a", options); }),
+                  "the time range [3, 11) passes the end of sh, which has 10 time steps");
+  options.time_range = {{5, 5}};
+  EXPECT_CONTAINS(error_of<Error>([&] { stage(source, dir.path() + "/b", options); }),
+                  "the time range [5, 5) holds no step");
+  options.time_range = {{0, 2}};
+  options.time_dim = "valid_time";
+  EXPECT_CONTAINS(error_of<Error>([&] { stage(source, dir.path() + "/c", options); }),
+                  "no array of 2 or more dimensions has a first dimension named \"valid_time\" "
+                  "(their first dimensions: \"lat\", \"time\"): name the time dimension");
+}
+
+TEST(Stage, APartialCopyOfAStoreThatCannotList) {
+  auto source = timed_hierarchy();
+  testing::TestServer server;
+  for (const auto& key : source->list("")) {
+    server.put("data/" + key, std::string(source->get(key)->as_string()));
+  }
+  auto remote = open_store(server.url() + "/data");
+  TempDir dir;
+  StageOptions options;
+  options.time_range = {{3, 7}};
+  const StageResult result = stage(remote, dir.path() + "/part", options);
+  auto copy = open_store(dir.path() + "/part");
+  EXPECT_EQ(read_steps(Array::open(copy, "sh"), 3, 7), read_steps(Array::open(source, "sh"), 3, 7));
+  EXPECT_FALSE(make_file_store(dir.path() + "/part")->size("t2m/c/0/0/0"));
+  // From the grid: t2m 3 chunks, w 2, sh 2, the coordinate's 4 and lsm's 1, and the metadata.
+  EXPECT_EQ(result.copied, 3u + 2 + 2 + 4 + 1 + 6);
+}
+
+TEST(Stage, AnUnfinishedCopyDoesNotOpen) {
+  auto source = timed_hierarchy();
+  TempDir dir;
+  {
+    FileStoreOptions create;
+    create.create = true;
+    make_file_store(dir.path() + "/part", create)
+        ->set(kStageRecord, as_bytes(R"({"source": "s3://b/era5.zarr", "complete": false,
+                                         "time_range": [3, 7], "time_dim": "valid_time"})"));
+  }
+  EXPECT_CONTAINS(error_of<Error>([&] { open_store(dir.path() + "/part"); }),
+                  "an unfinished staged copy of s3://b/era5.zarr (being made, or interrupted): "
+                  "run `zfeed stage s3://b/era5.zarr " +
+                      dir.path() +
+                      "/part --time 3:7 --time-dim valid_time` to finish it (it resumes)");
+}
+
+TEST(Stage, APartialCopyOfAZarrV2Group) {
+  auto store = make_memory_store();
+  Group::create(store, "", 2);
+  for (const char* separator : {".", "/"}) {
+    Json zarray = {
+        {"zarr_format", 2},   {"shape", {6, 2}},       {"chunks", {4, 2}},
+        {"dtype", "<f4"},     {"fill_value", nullptr}, {"order", "C"},
+        {"filters", nullptr}, {"compressor", nullptr}, {"dimension_separator", separator}};
+    const std::string name = separator[0] == '.' ? "dot" : "slash";
+    fill_ramp(
+        Array::create(store, name,
+                      ArrayMetadata::parse_v2(zarray, Json{{"_ARRAY_DIMENSIONS", {"time", "x"}}})),
+        0.5f);
+  }
+  TempDir dir;
+  StageOptions options;
+  options.time_range = {{4, 6}};
+  stage(store, dir.path() + "/part", options);
+  auto files = make_file_store(dir.path() + "/part");
+  EXPECT_TRUE(files->size("dot/1.0"));
+  EXPECT_FALSE(files->size("dot/0.0"));
+  EXPECT_TRUE(files->size("slash/1/0"));
+  EXPECT_FALSE(files->size("slash/0/0"));
+  EXPECT_TRUE(files->size("dot/.zarray"));
+  auto copy = open_store(dir.path() + "/part");
+  std::vector<float> got(4), want(4);
+  const Selection last{Slice{4, 6, 1}, Slice{0, 2, 1}};
+  Array::open(copy, "slash").read(last, got.data());
+  Array::open(store, "slash").read(last, want.data());
+  EXPECT_EQ(got, want);
+  EXPECT_CONTAINS(error_of<Error>([&] { read_all(Array::open(copy, "dot")); }),
+                  "dot/0.0: time chunk 0 (time steps 0 to 3) is not in this partial staged copy");
+}
+
 }  // namespace
 }  // namespace zfeed::zarr

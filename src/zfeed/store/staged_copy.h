@@ -1,0 +1,71 @@
+// A node-local staged copy (zarr/stage.h writes one) as a store: the directory's record
+// (.zfeed-stage.json) says what the copy holds, and reading past it is an error, never the fill
+// value. A copy of part of the time axis (the time chunks of one node's share of the samples)
+// holds only those chunks of its arrays along time; a chunk it does not hold reads as an error
+// naming the key and the time steps the copy holds, where a plain directory would answer
+// "missing" and a reader would see the fill value (silent garbage). A copy still being made (or
+// interrupted) cannot be opened at all.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "zfeed/store/store.h"
+#include "zfeed/util/json.h"
+
+namespace zfeed {
+
+// The name of the record a staged copy keeps at its root (a dot name: Zarr readers skip it).
+inline constexpr const char* kStageRecord = ".zfeed-stage.json";
+
+// The chunks of one array a partial copy holds along its first (time) dimension: the chunk keys
+// under `path` whose first grid index is in [first_chunk, stop_chunk). Keys are the array's
+// chunk keys as its key encoding writes them: "<path>/c/<t>/..." (default encoding) or
+// "<path>/<t>.<...>" (v2), with `separator` between the indices.
+struct StagedTimeChunks {
+  std::string path;          // the array's path in the hierarchy ("" for a root array)
+  std::string chunk_prefix;  // "c/" or "c." (default encoding), "" (v2)
+  char separator = '/';
+  uint64_t time_chunk = 1;  // time steps per chunk (shard) along the first dimension
+  uint64_t first_chunk = 0, stop_chunk = 0;
+
+  // The first grid index of `key` where it is one of this array's chunk keys, else nullopt.
+  std::optional<uint64_t> time_chunk_of(std::string_view key) const;
+  // Whether `key` is one of this array's chunk keys outside the chunks held.
+  bool excludes(std::string_view key) const;
+
+  Json to_json() const;
+  static StagedTimeChunks from_json(const Json& json);  // throws on a malformed entry
+};
+
+// What a partial copy holds: time steps [start, stop) of the dimension `time_dim`, as the time
+// chunks of each array whose first dimension it is.
+struct StagedTimeRange {
+  std::string time_dim;
+  uint64_t start = 0, stop = 0;
+  std::vector<StagedTimeChunks> arrays;
+
+  // The array entry whose chunks exclude `key`, else null.
+  const StagedTimeChunks* excluding(std::string_view key) const;
+
+  Json to_json() const;
+  static StagedTimeRange from_json(const Json& json);  // throws on a malformed record
+};
+
+// The staging record at the root of `store`, where there is one and it is a JSON object.
+std::optional<Json> read_stage_record(const Store& store);
+
+// What a complete staged copy at the root of `store` holds of the time axis: nullopt for a
+// whole copy, or for a store that is no staged copy.
+std::optional<StagedTimeRange> staged_time_range(const Store& store);
+
+// Wraps `directory` (a filesystem store) where its root holds a staging record: a store that
+// reads the copy and refuses the chunks a partial copy does not hold; throws where the copy is
+// incomplete (being made, or interrupted). Returns `directory` itself where there is no record.
+std::shared_ptr<Store> open_staged_copy(std::shared_ptr<Store> directory);
+
+}  // namespace zfeed
