@@ -218,3 +218,47 @@ def test_history_and_time_features_channels(store, tmp_path):
     # Hour 6 UTC on 1 January: a quarter turn of the day, the first day of the year.
     sin_h, cos_h, sin_y, cos_y = forecast.time_features(np.array([6 * 3600.0]))[0]
     assert sin_h == pytest.approx(1.0) and cos_h == pytest.approx(0.0, abs=1e-6) and cos_y == pytest.approx(1.0, abs=1e-3)
+
+
+def test_two_nodes_each_stage_and_train_on_their_own_block(store, tmp_path):
+    """Two one-process nodes (torchrun's static rendezvous on loopback) with --partition node and
+    --stage-dir: each node copies only its block's time steps, trains on its block's samples
+    only (disjoint, as many steps), and the weights end identical."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    prefix = tmp_path / "times"
+    out_json = tmp_path / "nodes.json"
+    stage_dir = tmp_path / "scratch-{node}" / "era5.zarr"
+    processes = []
+    for node in (0, 1):
+        command = [PYTHON, "-m", "torch.distributed.run", "--nnodes=2", f"--node_rank={node}", "--nproc_per_node=1",
+                   "--master_addr=127.0.0.1", f"--master_port={port}",
+                   "-m", "zfeed.recipes", "forecast", "--store", store, "--inputs", "t2m", "--steps", "3",
+                   "--times-log", str(prefix), "--json", str(out_json), "--stage-dir", str(stage_dir),
+                   "--partition", "node", "--no-val", *SMALL]
+        command[command.index("--batch-size") + 1] = "2"
+        processes.append(subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
+    outputs = [p.communicate(timeout=300) for p in processes]
+    assert [p.returncode for p in processes] == [0, 0], [o[0][-2000:] + o[1][-2000:] for o in outputs]
+    doc = json.loads(out_json.read_text())
+    digests = doc["runs"][0]["parameters_sha256_by_rank"]
+    assert len(digests) == 2 and digests[0] == digests[1]
+    # The training range's samples (t + 1 < split) in two equal blocks, one per node.
+    samples = doc["split"] - 1
+    per_node = samples // 2
+    steps_by_rank = {}
+    for rank in (0, 1):
+        times = set()
+        lines = [line for line in Path(f"{prefix}.rank{rank}").read_text().split("\n") if line]
+        steps_by_rank[rank] = len(lines)
+        for line in lines:
+            times.update(int(x) for x in line.split()[2:])
+        block = set(range(rank * per_node, (rank + 1) * per_node))
+        assert times and times <= block, (rank, times, block)
+        held = sorted(p.name for p in (tmp_path / f"scratch-{rank}" / "era5.zarr" / "t2m" / "c").iterdir())
+        assert sorted(int(t) for t in held) == list(range(rank * per_node, (rank + 1) * per_node + 1))
+    assert steps_by_rank[0] == steps_by_rank[1]

@@ -340,3 +340,85 @@ def test_dataloader_workers_read_s3_after_the_parent_did(s3, tmp_path):
     data = zfeed.open(local)
     for t, inputs in seen.items():
         np.testing.assert_array_equal(inputs[0], data["t2m"][t] - 280.0)
+
+
+def _batches(loader) -> list[dict]:
+    return [{k: np.array(v, copy=True) for k, v in batch.items()} for batch in loader]
+
+
+def test_each_node_stages_its_own_block_of_samples(s3, tmp_path):
+    """Two nodes of two ranks read an S3 store with partition="node": each node copies only the
+    time steps of its block of samples to its own disk (its first rank copies, the second finds
+    the copy), the batches equal those read from S3 itself, and every rank has as many."""
+    local = tmp_path / "era5.zarr"
+    _era5_like(local)
+    _upload(s3["client"], local, "nodes/era5.zarr")
+    url = "s3://weather/nodes/era5.zarr"
+    kwargs = dict(inputs=["t2m", "u500"], targets=["z500"], batch_size=2, seed=5, world_size=4,
+                  local_world_size=2, partition="node", drop_last=False)
+    counts, times_by_node = set(), {0: set(), 1: set()}
+    for rank in range(4):
+        node = rank // 2
+        staged = zfeed.Loader(url, rank=rank, stage=tmp_path / f"node{node}" / "era5.zarr",
+                              stage_progress=False, **kwargs)
+        direct = zfeed.Loader(url, rank=rank, **kwargs)
+        # 11 samples (t + 1 < 12), 5 per node: node 0 reads steps [0, 6), node 1 [5, 11).
+        assert staged.time_span == direct.time_span == (5 * node, 5 * node + 6)
+        assert staged.staged["time_range"] == [5 * node, 5 * node + 6]
+        assert staged.staged["already_complete"] == (rank % 2 == 1)
+        got, want = _batches(staged), _batches(direct)
+        assert len(got) == len(want) > 0
+        for a, b in zip(got, want):
+            for key in a:
+                np.testing.assert_array_equal(a[key], b[key])
+        counts.add(len(got))
+        times_by_node[node].update(int(t) for batch in got for t in batch["times"])
+    assert len(counts) == 1
+    assert times_by_node == {0: set(range(0, 5)), 1: set(range(5, 10))}
+    held = {k for k in _files(tmp_path / "node1" / "era5.zarr") if k.startswith("t2m/c/")}
+    assert held == {f"t2m/c/{t}/0/0" for t in range(5, 11)}
+    # Read by path, the copy refuses the steps it does not hold rather than read them as fill.
+    with pytest.raises(zfeed.ZarrError, match=r"t2m/c/0/0/0: time chunk 0 \(time steps 0 to 0\) is not in "
+                                              r"this partial staged copy of s3://weather/nodes/era5\.zarr"):
+        zfeed.open(tmp_path / "node1" / "era5.zarr")["t2m"][0]
+
+
+def test_stage_a_time_range_from_the_command_line(s3, tmp_path):
+    local = tmp_path / "era5.zarr"
+    _era5_like(local)
+    _upload(s3["client"], local, "range/era5.zarr")
+    destination = tmp_path / "part.zarr"
+    result = zfeed_cli.run("stage", "s3://weather/range/era5.zarr", destination, "--time", "3:7", "-q")
+    assert "(time steps [3, 7) of the arrays along it)" in result.stdout
+    info = zfeed_cli.run("info", destination).stdout
+    assert "staged copy of s3://weather/range/era5.zarr, time steps [3, 7) only" in info
+    copy = zfeed.open(destination)
+    np.testing.assert_array_equal(copy["u500"][3:7], zfeed.open(local)["u500"][3:7])
+    # A loader on the copy keeps to its steps: samples t = 3 to 5 (t + 1 < 7).
+    loader = zfeed.Loader(destination, inputs=["t2m"], targets=["t2m"], batch_size=1, drop_last=False)
+    assert loader.time_span == (3, 7)
+    assert sorted(int(b["times"][0]) for b in loader) == [3, 4, 5]
+    with pytest.raises(zfeed.ZarrError, match=r"reaches past what the partial staged copy"):
+        zfeed.Loader(destination, inputs=["t2m"], targets=["t2m"], time_range=(0, 7))
+    other = zfeed_cli.run("stage", "s3://weather/range/era5.zarr", destination, "--time", "0:4", ok=False)
+    assert other.returncode != 0
+    assert "holds time steps [3, 7) of the source only, not time steps [0, 4)" in other.stderr
+    bad = zfeed_cli.run("stage", "s3://weather/range/era5.zarr", tmp_path / "x", "--time", "3-7", ok=False)
+    assert bad.returncode != 0 and "--time takes START:STOP" in bad.stderr
+
+
+def test_the_node_layout_comes_from_torchrun_or_slurm(monkeypatch):
+    for name in ("LOCAL_WORLD_SIZE", "SLURM_NNODES"):
+        monkeypatch.delenv(name, raising=False)
+    assert zfeed.node_layout(0, 1) == (0, 1, 0, 1)
+    with pytest.raises(zfeed.ZarrError, match="processes per node for rank 3 of 8"):
+        zfeed.node_layout(3, 8)
+    assert zfeed.node_layout(5, 8, local_world_size=4) == (1, 2, 1, 4)
+    monkeypatch.setenv("SLURM_NNODES", "4")
+    assert zfeed.node_layout(5, 8) == (2, 4, 1, 2)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    assert zfeed.node_layout(5, 8) == (0, 1, 5, 8)
+    with pytest.raises(zfeed.ZarrError, match="8 processes do not make nodes of local_world_size 3"):
+        zfeed.node_layout(5, 8, local_world_size=3)
+    with pytest.raises(zfeed.ZarrError, match="partition must be 'global' or 'node'"):
+        zfeed.Loader("unused.zarr", inputs=["t2m"], partition="rack")

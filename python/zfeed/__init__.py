@@ -53,7 +53,7 @@ _load_core()
 from ._core import NodeNotFoundError, UnsupportedError, ZarrError  # noqa: E402
 from ._core import build_info, cuda_status, gds_status  # noqa: E402
 from .array import Array, Group, create, create_group, open, open_array, open_group, memory_store, stage
-from .loader import Loader
+from .loader import Loader, node_layout
 
 __all__ = [
     "Array",
@@ -68,6 +68,7 @@ __all__ = [
     "create_group",
     "gds_status",
     "memory_store",
+    "node_layout",
     "open",
     "open_array",
     "open_group",

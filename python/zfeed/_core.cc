@@ -3,6 +3,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/string_view.h>
@@ -250,9 +251,12 @@ NB_MODULE(_core, m) {
   m.def(
       "stage",
       [](std::shared_ptr<zfeed::Store> source, const std::string& destination, size_t threads,
-         nb::object progress) {
+         nb::object progress, std::optional<std::pair<uint64_t, uint64_t>> time_range,
+         const std::string& time_dim) {
         zfeed::zarr::StageOptions options;
         options.threads = threads;
+        options.time_range = time_range;
+        options.time_dim = time_dim;
         if (!progress.is_none()) {
           options.progress = [&progress](const zfeed::zarr::StageProgress& p) {
             nb::gil_scoped_acquire acquire;
@@ -272,9 +276,13 @@ NB_MODULE(_core, m) {
         out["bytes_copied"] = result.bytes_copied;
         out["seconds"] = result.seconds;
         out["already_complete"] = result.already_complete;
+        out["time_range"] =
+            result.partial ? nb::cast(std::make_pair(result.partial->start, result.partial->stop))
+                           : nb::none();
         return out;
       },
-      "source"_a, "destination"_a, "threads"_a = 0, "progress"_a = nb::none());
+      "source"_a, "destination"_a, "threads"_a = 0, "progress"_a = nb::none(),
+      "time_range"_a = nb::none(), "time_dim"_a = "time");
 
   m.def("open_node", &zfeed::zarr::open_node, "store"_a, "path"_a = "",
         nb::call_guard<nb::gil_scoped_release>());

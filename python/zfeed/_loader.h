@@ -4,8 +4,11 @@
 
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/array.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -33,6 +36,40 @@ inline std::string channels_json(const std::vector<zfeed::loader::Channel>& chan
   return out.dump();
 }
 
+// A staging progress callback that calls `progress(keys_done, keys_total, bytes_copied, seconds)`
+// with the GIL held (staging runs with it released); empty for None. The function may be copied
+// and dropped without the GIL: it holds the callable through a shared pointer whose last owner
+// takes the GIL to release it.
+inline std::function<void(const zfeed::zarr::StageProgress&)> stage_progress_callback(
+    nanobind::object progress) {
+  if (progress.is_none()) return {};
+  std::shared_ptr<nanobind::object> held(new nanobind::object(std::move(progress)),
+                                         [](nanobind::object* callable) {
+                                           nanobind::gil_scoped_acquire acquire;
+                                           delete callable;
+                                         });
+  return [held](const zfeed::zarr::StageProgress& p) {
+    nanobind::gil_scoped_acquire acquire;
+    (*held)(p.keys_done, p.keys_total, p.bytes_copied, p.seconds);
+  };
+}
+
+// What staging did (LoaderSpec::stage_dir) as JSON, or "null" where the loader staged nothing.
+inline std::string staged_json(const zfeed::loader::Loader& loader) {
+  const auto& staged = loader.staged();
+  if (!staged) return "null";
+  zfeed::Json out = {{"keys", staged->keys},
+                     {"copied", staged->copied},
+                     {"present", staged->present},
+                     {"missing", staged->missing},
+                     {"bytes_copied", staged->bytes_copied},
+                     {"seconds", staged->seconds},
+                     {"already_complete", staged->already_complete}};
+  out["time_range"] =
+      staged->partial ? zfeed::Json{staged->partial->start, staged->partial->stop} : zfeed::Json();
+  return out.dump();
+}
+
 // Adds the descriptive properties to `cls`; `host(self)` gives the zfeed::loader::Loader.
 template <typename T, typename Host>
 void add_loader_properties(nanobind::class_<T>& cls, Host host) {
@@ -54,6 +91,8 @@ void add_loader_properties(nanobind::class_<T>& cls, Host host) {
                    [host](const T& self) { return host(self).sampler().options().window; })
       .def_prop_ro("cache_budget", [host](const T& self) { return host(self).cache_budget(); })
       .def_prop_ro("memory_bound", [host](const T& self) { return host(self).memory_bound(); })
+      .def_prop_ro("time_span", [host](const T& self) { return host(self).time_span(); })
+      .def("staged_json", [host](const T& self) { return staged_json(host(self)); })
       .def("input_channels_json",
            [host](const T& self) { return channels_json(host(self).input_channels()); })
       .def("target_channels_json",

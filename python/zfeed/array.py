@@ -620,28 +620,29 @@ def open_group(store, path: str | None = None) -> Group:
     return Group(_core.Group.open(s, p))
 
 
-def stage(source, destination, threads: int | None = None, progress: bool = True) -> Path:
+def stage(source, destination, threads: int | None = None, progress: bool = True, time_range=None,
+          time_dim: str = "time") -> Path:
     """Copy the Zarr store at ``source`` (``s3://``, ``gs://``, ``https://`` or a path on a shared
     file system) to the local directory ``destination`` and return its path, so that training
     reads local files. Resumable (values present from an interrupted run are kept), and shared:
     the processes of a node that stage the same destination at once wait for one copy, so every
     rank may call it (on a cluster, give a node-local path: each node makes its own copy).
+    ``time_range=(start, stop)``: only those time steps of the arrays whose first dimension is
+    ``time_dim`` (the chunks that hold them; 1-D coordinates and everything else whole): a partial
+    copy, which refuses reads of the chunks it does not hold (a loader on it keeps to its steps).
     ``progress`` prints a progress line to stderr."""
-    import sys
-    import time
+    from .loader import _stage_progress
 
-    last = [0.0]
-
-    def show(done, total, copied, seconds):
-        now = time.monotonic()
-        if now - last[0] < 0.5 and done < total:
-            return
-        last[0] = now
-        rate = copied / seconds / 1e6 if seconds > 0 else 0.0
-        print(f"\rstage: {done}/{total} keys, {copied / 2**20:.1f} MiB copied, {rate:.1f} MB/s   ",
-              end="" if done < total else "\n", file=sys.stderr, flush=True)
-
-    _core.stage(_store(source), os.fspath(destination), int(threads or 0), show if progress else None)
+    steps = None
+    if time_range is not None:
+        if isinstance(time_range, (slice, range)):
+            time_range = (time_range.start, time_range.stop)
+        if not isinstance(time_range, (tuple, list)) or len(time_range) != 2 or \
+                not all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) and x >= 0 for x in time_range):
+            raise _core.ZarrError(f"stage: time_range is (start, stop) of time indices, got {time_range!r}")
+        steps = (int(time_range[0]), int(time_range[1]))
+    _core.stage(_store(source), os.fspath(destination), int(threads or 0),
+                _stage_progress("stage") if progress else None, steps, str(time_dim))
     return Path(os.fspath(destination))
 
 

@@ -85,6 +85,52 @@ def default_rank_and_world_size() -> tuple[int, int]:
     return _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
 
 
+def node_layout(rank: int, world_size: int, local_world_size: int | None = None) -> tuple[int, int, int, int]:
+    """``(node, nodes, local_rank, local_world_size)`` of this process in a job of ``world_size``
+    processes: from ``local_world_size`` where given (ranks numbered node after node, as torchrun
+    and srun number them), else torchrun's ``LOCAL_WORLD_SIZE`` (its ``GROUP_RANK`` the node),
+    else SLURM's ``SLURM_NNODES`` and ``SLURM_NODEID``; a job of one process is one node."""
+    if local_world_size is None:
+        local_world_size = _env_int("LOCAL_WORLD_SIZE", 0) or None
+        nodes = _env_int("SLURM_NNODES", 0)
+        if local_world_size is None and nodes > 0 and world_size % nodes == 0:
+            local_world_size = world_size // nodes
+        if local_world_size is None:
+            if world_size == 1:
+                return 0, 1, 0, 1
+            raise _core.ZarrError(
+                f"loader: partition='node' needs to know the processes per node for rank {rank} of "
+                f"{world_size}: run under torchrun (LOCAL_WORLD_SIZE) or srun (SLURM_NNODES), or give "
+                "local_world_size")
+    local_world_size = int(local_world_size)
+    if local_world_size < 1 or world_size % local_world_size != 0:
+        raise _core.ZarrError(f"loader: {world_size} processes do not make nodes of local_world_size "
+                              f"{local_world_size} each")
+    return rank // local_world_size, world_size // local_world_size, rank % local_world_size, local_world_size
+
+
+def _stage_progress(prefix: str):
+    """A progress printer for staging (stderr, at most twice a second); silent in a process
+    that found the copy already made, or waited while another process of its node made it."""
+    import sys
+    import time
+
+    last = [0.0, False]
+
+    def show(done, total, copied, seconds):
+        now = time.monotonic()
+        if done == total and not last[1] and copied == 0:
+            return  # nothing copied here: the copy was there
+        if now - last[0] < 0.5 and done < total:
+            return
+        last[0], last[1] = now, True
+        rate = copied / seconds / 1e6 if seconds > 0 else 0.0
+        print(f"\r{prefix}: {done}/{total} keys, {copied / 2**20:.1f} MiB copied, {rate:.1f} MB/s   ",
+              end="" if done < total else "\n", file=sys.stderr, flush=True)
+
+    return show
+
+
 def _device(device: Any) -> int | None:
     """None for the CPU, else the CUDA device index after checking that CUDA works ("cuda" is
     torch's current device where torch is loaded, else device 0)."""
@@ -225,6 +271,17 @@ class Loader:
     ``drop_last``: True drops the remainder of the epoch that does not divide evenly among the
     ranks and the last incomplete batch; False pads every rank to the same count by repeating the
     epoch's first samples (as PyTorch's DistributedSampler does) and keeps the last, smaller batch.
+    ``stage``: a node-local directory: the loader first copies what it reads there (the time
+    steps of its samples, of the arrays along time; the rest of the store whole) and then reads
+    the copy; resumable, and the processes of a node share one copy (see :func:`zfeed.stage`);
+    ``{node}`` in it becomes the node's index (for nodes that stage to one shared file system).
+    Progress goes to stderr unless ``stage_progress=False``; ``staged`` says what was done.
+    ``partition``: "global" (every rank draws from all samples) or "node": the samples split into
+    one contiguous block of equal count per node (the remainder left out), the ranks of a node
+    sharing their node's block, shuffled within it each epoch; with ``stage`` each node copies
+    only its block's time steps (a fraction of the data per node, as MLPerf HPC's DeepCAM stages
+    its data). The node layout comes from ``local_world_size`` where given, else from torchrun or
+    srun (see :func:`node_layout`); a global batch still mixes every node's block.
     """
 
     def __init__(self, store, inputs: Sequence, targets: Sequence = (), lead: int | Sequence[int] = 1,
@@ -235,7 +292,9 @@ class Loader:
                  random_crop: Sequence[int] | None = None, dtype: str = "float32", order: str = "auto",
                  window: int = 0, cache_bytes: int | None = None, stacked: str = "data",
                  device: str = "cpu", framework: str = "torch", device_buffers: int = 3, decode: str = "cpu",
-                 gds: str | None = None, time_range=None, fill_nan: float | None = None):
+                 gds: str | None = None, time_range=None, fill_nan: float | None = None,
+                 stage: str | os.PathLike | None = None, partition: str = "global",
+                 local_world_size: int | None = None, stage_progress: bool = True):
         if decode not in ("cpu", "gpu", "auto"):
             raise _core.ZarrError(f"loader: decode must be 'cpu', 'gpu' or 'auto', got {decode!r}")
         if gds not in (None, "auto", "on", "off"):
@@ -260,6 +319,13 @@ class Loader:
         if isinstance(targets, (str, Mapping)):
             targets = [targets]
         default_rank, default_world = default_rank_and_world_size()
+        rank = int(rank) if rank is not None else default_rank
+        world_size = int(world_size) if world_size is not None else default_world
+        node, nodes = 0, 1
+        if partition == "node":
+            node, nodes, rank, world_size = node_layout(rank, world_size, local_world_size)
+        elif partition != "global":
+            raise _core.ZarrError(f"loader: partition must be 'global' or 'node', got {partition!r}")
         dtype = np.dtype(dtype).name if dtype != "bfloat16" else dtype
         spec = {
             "path": group_path,
@@ -271,8 +337,12 @@ class Loader:
             "batch_size": int(batch_size),
             "shuffle": bool(shuffle),
             "seed": int(seed),
-            "rank": int(rank) if rank is not None else default_rank,
-            "world_size": int(world_size) if world_size is not None else default_world,
+            "rank": rank,
+            "world_size": world_size,
+            "node": node,
+            "nodes": nodes,
+            # "{node}" in the path: the node's index, for nodes that share one file system.
+            "stage_dir": os.fspath(stage).replace("{node}", str(node)) if stage is not None else None,
             "drop_last": bool(drop_last),
             "normalize": normalize is not False,
             "prefetch": int(prefetch),
@@ -292,11 +362,12 @@ class Loader:
                 raise _core.ZarrError(f"loader: {name} must not be negative, got {spec[name]}")
         if spec["cache_bytes"] is not None and spec["cache_bytes"] < 0:
             raise _core.ZarrError(f"loader: cache_bytes must not be negative, got {spec['cache_bytes']}")
+        progress = _stage_progress(f"stage {os.fspath(stage)}") if stage is not None and stage_progress else None
         if self._device is None:
-            self._core = _core.Loader(core_store, json.dumps(spec))
+            self._core = _core.Loader(core_store, json.dumps(spec), progress)
         else:
             self._core = _core.DeviceLoader(core_store, json.dumps(spec), self._device, int(device_buffers) - 1,
-                                            decode, gds or "")
+                                            decode, gds or "", progress)
         self._random_crop = random_crop is not None
 
     def __len__(self) -> int:
@@ -340,6 +411,19 @@ class Loader:
     def num_samples(self) -> int:
         """Valid sample times in the dataset (all ranks)."""
         return self._core.num_samples
+
+    @property
+    def time_span(self) -> tuple[int, int]:
+        """The time steps ``[start, stop)`` this loader's samples read: ``time_range``, narrowed
+        to the node's block with ``partition="node"``."""
+        return tuple(self._core.time_span)
+
+    @property
+    def staged(self) -> dict | None:
+        """With ``stage``: keys, copied, present, missing, bytes_copied, seconds,
+        already_complete and time_range (the steps copied, or None for the whole store); else
+        None."""
+        return json.loads(self._core.staged_json())
 
     @property
     def input_shape(self) -> tuple:

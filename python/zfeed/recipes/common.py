@@ -646,6 +646,13 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--resume", action="store_true", help="continue from --checkpoint where it exists")
     g.add_argument("--log-every", type=int, default=10, help="steps between progress lines (0: none)")
     g.add_argument("--times-log", help="append each rank's sample times per step to PREFIX.rankN")
+    d = parser.add_argument_group("data placement")
+    d.add_argument("--stage-dir", help="a node-local directory: copy the store's training data there first "
+                                       "(resumable; one copy per node; {node} in it becomes the node's index) "
+                                       "and train from the copy")
+    d.add_argument("--partition", choices=("global", "node"), default="global",
+                   help="global: every rank draws from all training samples; node: each node trains on "
+                        "its own contiguous block of them (with --stage-dir, copying only its block)")
     t = parser.add_argument_group("throughput accounting")
     t.add_argument("--mode", default="real",
                    help="real, load-only, synthetic, or several comma-separated (each run in turn)")
@@ -655,6 +662,11 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     t.add_argument("--baseline-workers", type=int, default=2, help="DataLoader workers of the baseline (default 2)")
     t.add_argument("--json", help="write the results as JSON here")
     t.add_argument("--plot", help="write the throughput bar chart (PNG) here")
+
+
+def loader_placement(args) -> dict:
+    """The Loader arguments of --stage-dir and --partition."""
+    return {"stage": args.stage_dir, "partition": args.partition}
 
 
 def parse_list(text: str, allowed: Sequence[str], what: str) -> list[str]:

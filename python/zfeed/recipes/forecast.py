@@ -293,7 +293,8 @@ class ForecastTask(Task):
 
             return zfeed.Loader(self.store, inputs=self.inputs, targets=self.targets, lead=self.lead,
                                 history=self.history, batch_size=a.batch_size, seed=a.seed, normalize=self.stats, drop_last=True,
-                                epoch=epoch, device=zfeed_device(dist), time_range=(None, self.split))
+                                epoch=epoch, device=zfeed_device(dist), time_range=(None, self.split),
+                                **common.loader_placement(a))
         from ..baseline import make_baseline_loader
 
         if self.targets != self.inputs:

@@ -193,7 +193,7 @@ class SegmentTask(Task):
 
         return zfeed.Loader(self.store, inputs=self.inputs, targets=[self.labels], lead=0, batch_size=a.batch_size,
                             seed=a.seed, normalize=self.stats, drop_last=True, epoch=epoch, device=zfeed_device(dist),
-                            time_range=(None, self.split))
+                            time_range=(None, self.split), **common.loader_placement(a))
 
     def prepare(self, raw: Any, device: torch.device) -> dict:
         from ..torch import to_torch

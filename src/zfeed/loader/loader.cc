@@ -196,6 +196,8 @@ LoaderSpec LoaderSpec::from_json(std::shared_ptr<Store> store, const Json& json)
   uint_field("seed", spec.seed);
   uint_field("rank", spec.rank);
   uint_field("world_size", spec.world_size);
+  uint_field("node", spec.node);
+  uint_field("nodes", spec.nodes);
   uint_field("prefetch", spec.prefetch);
   uint_field("epoch", spec.epoch);
   bool_field("shuffle", spec.shuffle);
@@ -219,6 +221,7 @@ LoaderSpec LoaderSpec::from_json(std::shared_ptr<Store> store, const Json& json)
   spec.dtype = parse_output_type(dtype);
   string_field("stacked", spec.stacked);
   string_field("order", spec.order);
+  string_field("stage_dir", spec.stage_dir);
   uint_field("window", spec.window);
   if (json.contains("cache_bytes") && !json["cache_bytes"].is_null())
     spec.cache_bytes = json_to_uint64(json["cache_bytes"], "loader: cache_bytes");
@@ -411,6 +414,21 @@ Loader::Loader(LoaderSpec spec) : spec_(std::move(spec)), shared_(std::make_shar
     }
   }
   max_lead_ = *std::max_element(leads_.begin(), leads_.end());
+  if (spec_.nodes == 0 || spec_.node >= spec_.nodes) {
+    throw Error("loader: node " + std::to_string(spec_.node) + " of " +
+                std::to_string(spec_.nodes) + " nodes: give 0 <= node < nodes");
+  }
+  // A partial staged copy (zfeed stage --time) holds some time steps only.
+  if (spec_.stage_dir.empty()) {
+    store_holds_ = staged_time_range(*spec_.store);
+    if (store_holds_ && spec_.nodes > 1) {
+      throw Error("loader: " + spec_.store->url() + " is a partial staged copy (" +
+                  store_holds_->time_dim + " steps [" + std::to_string(store_holds_->start) + ", " +
+                  std::to_string(store_holds_->stop) +
+                  ")): to split the samples among nodes, give the source and a stage_dir, so "
+                  "that each node copies its own block");
+    }
+  }
   if (spec_.fill_nan && !std::isfinite(*spec_.fill_nan)) {
     throw Error("loader: fill_nan must be a finite number, got " + std::to_string(*spec_.fill_nan));
   }
@@ -678,6 +696,7 @@ Loader::Loader(LoaderSpec spec) : spec_(std::move(spec)), shared_(std::make_shar
   // The samples' time span must fit the axis (checked before a channel is made per history step).
   time_extent_ = arrays_[*reference].metadata().shape[0];
   resolve_time_range();
+  if (!spec_.stage_dir.empty()) stage_and_reopen(names, *reference);
   for (uint64_t h = 0; h < spec_.history; ++h) {
     for (Channel channel : step_channels) {
       channel.time_offset = -static_cast<int64_t>((spec_.history - 1 - h) * spec_.history_step);
@@ -1689,8 +1708,25 @@ void Loader::resolve_time_range() {
     const int64_t at = *end < 0 ? *end + extent : *end;
     return std::clamp<int64_t>(at, 0, extent);
   };
-  const int64_t start = resolve(spec_.time_range[0], 0);
-  const int64_t stop = std::max(start, resolve(spec_.time_range[1], extent));
+  const bool ranged = spec_.time_range[0] || spec_.time_range[1];
+  int64_t start = resolve(spec_.time_range[0], 0);
+  int64_t stop = std::max(start, resolve(spec_.time_range[1], extent));
+  if (store_holds_) {
+    // A partial staged copy: its time steps by default, and never others (they read as errors).
+    const auto held_start =
+        static_cast<int64_t>(std::min<uint64_t>(store_holds_->start, time_extent_));
+    const auto held_stop =
+        static_cast<int64_t>(std::min<uint64_t>(store_holds_->stop, time_extent_));
+    if (!ranged) {
+      start = held_start;
+      stop = std::max(start, held_stop);
+    } else if (start < held_start || stop > held_stop) {
+      throw Error("loader: time_range [" + std::to_string(start) + ", " + std::to_string(stop) +
+                  ") reaches past what the partial staged copy " + spec_.store->url() + " holds (" +
+                  store_holds_->time_dim + " steps [" + std::to_string(held_start) + ", " +
+                  std::to_string(held_stop) + ")): stage those steps, or read the source");
+    }
+  }
   time_start_ = static_cast<uint64_t>(start);
   time_stop_ = static_cast<uint64_t>(stop);
   // The history's reach + 1 + lead, saturated: huge values from a spec must not wrap around to a
@@ -1699,7 +1735,6 @@ void Loader::resolve_time_range() {
                             ? UINT64_MAX
                             : back_ + 1 + max_lead_;
   if (time_stop_ - time_start_ < span) {
-    const bool ranged = spec_.time_range[0] || spec_.time_range[1];
     throw Error("loader: no valid samples: " +
                 (ranged ? "time_range [" + std::to_string(start) + ", " + std::to_string(stop) +
                               ") holds " + std::to_string(stop - start) + " of the " +
@@ -1711,6 +1746,43 @@ void Loader::resolve_time_range() {
                 " and lead " + std::to_string(max_lead_) + " (a sample spans " +
                 (span == UINT64_MAX ? std::string("more than the axis") : std::to_string(span)) +
                 " time steps)");
+  }
+  if (spec_.nodes > 1) {
+    // Contiguous blocks of equal count: node k's samples are [k * per_node, (k + 1) * per_node)
+    // of the range's, so its time steps are those samples' reach.
+    const uint64_t samples = time_stop_ - time_start_ - span + 1;
+    const uint64_t per_node = samples / spec_.nodes;
+    if (per_node == 0) {
+      throw Error("loader: " + std::to_string(samples) + " samples cannot be split among " +
+                  std::to_string(spec_.nodes) + " nodes");
+    }
+    time_start_ += spec_.node * per_node;
+    time_stop_ = time_start_ + per_node - 1 + span;
+  }
+}
+
+// Copies what the loader reads (its time span of the arrays along time, the rest whole) to
+// spec_.stage_dir, then reads the copy: the arrays are opened again from it.
+void Loader::stage_and_reopen(const std::vector<std::string>& names, size_t reference) {
+  zarr::StageOptions options;
+  options.progress = spec_.stage_progress;
+  if (time_start_ != 0 || time_stop_ != time_extent_) {
+    const auto& meta = arrays_[reference].metadata();
+    if (!meta.dimension_names || !(*meta.dimension_names)[0]) {
+      throw Error("loader: staging time steps [" + std::to_string(time_start_) + ", " +
+                  std::to_string(time_stop_) + ") needs the time dimension's name, and '" +
+                  names[reference] + "' has no dimension names");
+    }
+    options.time_range = {time_start_, time_stop_};
+    options.time_dim = *(*meta.dimension_names)[0];
+  }
+  // The store's whole hierarchy is staged (the loader's group may be part of it).
+  staged_ = zarr::stage(spec_.store, spec_.stage_dir, options);
+  spec_.stage_progress = nullptr;  // not needed again (and may hold a Python callable)
+  spec_.store = open_store(spec_.stage_dir);
+  pool_ = &ThreadPool::for_reads(spec_.store->read_concurrency());
+  for (size_t a = 0; a < arrays_.size(); ++a) {
+    arrays_[a] = zarr::Array::open(spec_.store, zarr::join_key(spec_.path, names[a]));
   }
 }
 
@@ -1731,7 +1803,9 @@ Json Loader::state() const {
               {"num_samples", o.num_samples},
               {"time_start", time_start_},
               {"group_size", o.group_size},
-              {"window", o.window}};
+              {"window", o.window},
+              {"node", spec_.node},
+              {"nodes", spec_.nodes}};
 }
 
 void Loader::restore(const Json& state) {
@@ -1755,6 +1829,10 @@ void Loader::restore(const Json& state) {
   expect("batch_size", options.batch_size);
   expect("rank", options.rank);
   expect("world_size", options.world_size);
+  if (state.contains("nodes")) {  // absent in older states
+    expect("node", spec_.node);
+    expect("nodes", spec_.nodes);
+  }
   if (!field("drop_last").is_boolean() || field("drop_last").get<bool>() != options.drop_last) {
     throw Error("loader state: saved with a different drop_last");
   }

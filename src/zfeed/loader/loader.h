@@ -32,15 +32,18 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "zfeed/loader/cast.h"
 #include "zfeed/loader/chunk_cache.h"
 #include "zfeed/loader/sampler.h"
+#include "zfeed/store/staged_copy.h"
 #include "zfeed/store/store.h"
 #include "zfeed/util/json.h"
 #include "zfeed/util/thread_pool.h"
 #include "zfeed/zarr/array.h"
+#include "zfeed/zarr/stage.h"
 
 namespace zfeed::loader {
 
@@ -102,7 +105,22 @@ struct LoaderSpec {
   uint64_t seed = 0;
   uint64_t rank = 0;
   uint64_t world_size = 1;
-  bool drop_last = true;  // see SamplerOptions::drop_last
+  // The samples split among the nodes of a cluster: those of `time_range` in `nodes` contiguous
+  // blocks of equal count (the remainder left out), this loader taking block `node` (from 0)
+  // and sharing it with the other processes of its node by `rank` and `world_size` (the node's
+  // own: its local rank and local process count). A node then reads only the time steps of its
+  // block, which is what `stage_dir` copies to its local disk. Equal blocks keep the batches per
+  // epoch equal on every rank. 1: no split (every rank draws from all samples).
+  uint64_t node = 0;
+  uint64_t nodes = 1;
+  // Where given, a local directory to copy what this loader reads into first (zarr/stage.h,
+  // shared by the processes of a node: one copies, the others wait), then read the copy: the
+  // time steps of its samples (time_range, or the node's block) of the arrays along time, and
+  // everything else whole. Empty: read the store itself. A store that is itself a partial staged
+  // copy gives the time steps it holds as the default time_range, and refuses others.
+  std::string stage_dir;
+  std::function<void(const zarr::StageProgress&)> stage_progress;  // StageOptions::progress
+  bool drop_last = true;                                           // see SamplerOptions::drop_last
   // Normalize with the given statistics, else with the "zfeed_stats" attribute
   // ({"mean": m, "std": s}, numbers or one per level), else leave the channel as it is.
   bool normalize = true;
@@ -137,8 +155,8 @@ struct LoaderSpec {
   // "time_range": [start | null, stop | null],
   // "crop": [lat_start, lat_size, lon_start, lon_size],
   // "random_crop": [lat_size, lon_size], "dtype", "stacked", "order", "window", "cache_bytes",
-  // "batch_size", "shuffle", "seed", "rank", "world_size", "drop_last", "normalize", "fill_nan",
-  // "prefetch", "epoch"}.
+  // "batch_size", "shuffle", "seed", "rank", "world_size", "node", "nodes", "stage_dir",
+  // "drop_last", "normalize", "fill_nan", "prefetch", "epoch"}.
   static LoaderSpec from_json(std::shared_ptr<Store> store, const Json& json);
 };
 
@@ -286,6 +304,11 @@ class Loader {
   uint64_t memory_bound() const;
   // The sample time of dataset sample `index` (the latest input time step).
   uint64_t sample_time(uint64_t index) const { return time_start_ + back_ + index; }
+  // The time steps [first, second) this loader's samples read (time_range, narrowed to the
+  // node's block where split among nodes).
+  std::pair<uint64_t, uint64_t> time_span() const { return {time_start_, time_stop_}; }
+  // What staging (LoaderSpec::stage_dir) did, where it was asked for.
+  const std::optional<zarr::StageResult>& staged() const { return staged_; }
 
   // The crop origin (lat_start, lon_start) of the sample at `time` in `epoch`.
   std::array<uint64_t, 2> crop_origin(uint64_t epoch, uint64_t time) const;
@@ -349,6 +372,9 @@ class Loader {
     return chunk[0] * (chunk.size() == 4 ? chunk[1] : 1);
   }
   ChunkKey chunk_key(const Piece& piece, uint64_t y, uint64_t x) const;
+  // Stages the loader's data to spec_.stage_dir and reopens the arrays there (names: each
+  // array's path in the group; reference: the array with the time axis).
+  void stage_and_reopen(const std::vector<std::string>& names, size_t reference);
   // time_start_ and time_stop_ from spec_.time_range; an error where no sample fits in them.
   void resolve_time_range();
   void assemble_batch(uint64_t epoch, std::optional<uint64_t> batch,
@@ -392,7 +418,10 @@ class Loader {
   std::string pass_reason_;
   uint64_t time_extent_ = 0, lat_ = 0, lon_ = 0, lat_start_ = 0, lon_start_ = 0;
   uint64_t time_start_ = 0, time_stop_ = 0;  // spec_.time_range resolved against time_extent_
-  std::vector<uint64_t> leads_;              // spec_.leads, else {spec_.lead}
+  // The time steps a partial staged copy read as the store holds (store/staged_copy.h).
+  std::optional<StagedTimeRange> store_holds_;
+  std::optional<zarr::StageResult> staged_;
+  std::vector<uint64_t> leads_;  // spec_.leads, else {spec_.lead}
   uint64_t max_lead_ = 0;
   uint64_t back_ = 0;  // how far the history reaches back: (history - 1) * history_step
   uint64_t full_lat_ = 0, full_lon_ = 0;

@@ -42,13 +42,21 @@ zarr::ArrayMetadata v3_metadata(const std::string& dtype, const std::vector<uint
 }
 
 // Whole planes per chunk, `time_chunk` steps (and `level_chunk` levels) each.
+// `named`: with dimension names (time, [level,] lat, lon).
 zarr::ArrayMetadata meta(const std::string& dtype, std::vector<uint64_t> shape,
                          Json attributes = Json::object(), uint64_t time_chunk = 1,
-                         uint64_t level_chunk = 1, const char* codecs = kZstdCodecs) {
+                         uint64_t level_chunk = 1, const char* codecs = kZstdCodecs,
+                         bool named = false) {
   std::vector<uint64_t> chunks = shape;
   chunks[0] = time_chunk;
   if (shape.size() == 4) chunks[1] = level_chunk;
-  return v3_metadata(dtype, shape, chunks, Json::parse(codecs), attributes);
+  zarr::ArrayMetadata m = v3_metadata(dtype, shape, chunks, Json::parse(codecs), attributes);
+  if (named) {
+    m.dimension_names = shape.size() == 4
+                            ? std::vector<std::optional<std::string>>{"time", "level", "lat", "lon"}
+                            : std::vector<std::optional<std::string>>{"time", "lat", "lon"};
+  }
+  return m;
 }
 
 double value_of(int variable, uint64_t t, uint64_t level, uint64_t y, uint64_t x) {
@@ -62,17 +70,20 @@ double value_of(int variable, uint64_t t, uint64_t level, uint64_t y, uint64_t x
 // reads them through its decoded-chunk cache.
 std::shared_ptr<Store> make_store(uint64_t time_chunk = 1, uint64_t level_chunk = 1,
                                   const char* codecs = kZstdCodecs,
-                                  std::shared_ptr<Store> store = make_memory_store()) {
+                                  std::shared_ptr<Store> store = make_memory_store(),
+                                  bool named = false) {
   zarr::Group::create(store, "");
   auto t2m = zarr::Array::create(
-      store, "t2m", meta("float32", {kTimes, kLat, kLon}, Json::object(), time_chunk, 1, codecs));
+      store, "t2m",
+      meta("float32", {kTimes, kLat, kLon}, Json::object(), time_chunk, 1, codecs, named));
   auto z = zarr::Array::create(
       store, "z",
       meta("float64", {kTimes, kLevels, kLat, kLon},
            Json{{"zfeed_stats", {{"mean", {1000.0, 1003.0, 1006.0}}, {"std", {2.0, 4.0, 8.0}}}}},
-           time_chunk, level_chunk, codecs));
+           time_chunk, level_chunk, codecs, named));
   auto q = zarr::Array::create(
-      store, "q", meta("int16", {kTimes, kLat, kLon}, Json::object(), time_chunk, 1, codecs));
+      store, "q",
+      meta("int16", {kTimes, kLat, kLon}, Json::object(), time_chunk, 1, codecs, named));
   q.set_attributes(Json{{"zfeed_stats", {{"mean", 250.0}, {"std", 3.0}}}});
   std::vector<float> a(kTimes * kLat * kLon);
   std::vector<double> b(kTimes * kLevels * kLat * kLon);
@@ -1396,6 +1407,124 @@ TEST(Loader, AForkedChildContinuesWithItsOwnThreads) {
   auto rest = drain(loader);  // the parent goes on too
   ASSERT_EQ(rest.size(), all.size() - 1);
   EXPECT_EQ(rest[0], all[1]);
+}
+
+// --- Samples split among nodes, each node staging its own time steps ------------------------
+
+TEST(Loader, NodesSplitTheSamplesIntoContiguousBlocksOfEqualCount) {
+  auto store = make_store();
+  auto spec = base_spec(store);
+  spec.batch_size = 2;
+  spec.drop_last = false;
+  // 11 samples (t = 0 to 10), 5 per node, 2 ranks per node: every rank the same batch count.
+  spec.nodes = 2;
+  std::set<uint64_t> batch_counts;
+  for (uint64_t node = 0; node < 2; ++node) {
+    spec.node = node;
+    std::multiset<int64_t> times;
+    for (uint64_t rank = 0; rank < 2; ++rank) {
+      spec.rank = rank;
+      spec.world_size = 2;
+      Loader loader(spec);
+      EXPECT_EQ(loader.time_span(), (std::pair<uint64_t, uint64_t>{5 * node, 5 * node + 6}));
+      batch_counts.insert(loader.sampler().batches_per_epoch());
+      while (auto batch = loader.next()) {
+        check_batch(store, loader, *batch);
+        for (uint64_t i = 0; i < batch->size; ++i) times.insert(batch->times()[i]);
+      }
+    }
+    // Each of the node's 5 samples once, and one padded as DistributedSampler pads.
+    std::set<int64_t> distinct(times.begin(), times.end());
+    std::set<int64_t> block;
+    for (int64_t t = 5 * static_cast<int64_t>(node); t < 5 * static_cast<int64_t>(node) + 5; ++t)
+      block.insert(t);
+    EXPECT_EQ(distinct, block) << "node " << node;
+    EXPECT_EQ(times.size(), 6u);
+  }
+  EXPECT_EQ(batch_counts.size(), 1u);
+
+  spec.rank = 0;
+  spec.world_size = 1;
+  spec.node = 0;
+  spec.nodes = 12;
+  EXPECT_CONTAINS(error_of([&] { Loader{spec}; }), "11 samples cannot be split among 12 nodes");
+  spec.node = 3;
+  spec.nodes = 3;
+  EXPECT_CONTAINS(error_of([&] { Loader{spec}; }), "node 3 of 3 nodes: give 0 <= node < nodes");
+  // A state saved on one node does not resume on another.
+  spec.nodes = 2;
+  spec.node = 0;
+  spec.time_range = {0, 11};  // both nodes then start at 0 and 5; the check is on the node too
+  Loader first(spec);
+  ASSERT_TRUE(first.next());
+  const Json state = first.state();
+  EXPECT_EQ(state["nodes"], 2);
+  spec.node = 1;
+  Loader other(spec);
+  EXPECT_CONTAINS(error_of([&] { other.restore(state); }), "saved with time_start 0");
+}
+
+TEST(Loader, ANodeStagesItsTimeStepsAndReadsTheCopy) {
+  testing::TempDir dir;
+  auto store = make_store(/*time_chunk=*/2, 1, kZstdCodecs, make_memory_store(), /*named=*/true);
+  auto spec = base_spec(store);
+  spec.batch_size = 2;
+  spec.nodes = 2;
+  spec.node = 1;  // samples t = 5 to 9: time steps [5, 11)
+  Loader direct(spec);
+  const auto want = drain(direct);
+  spec.stage_dir = dir.path() + "/node1";
+  Loader staged(spec);
+  ASSERT_TRUE(staged.staged());
+  ASSERT_TRUE(staged.staged()->partial);
+  EXPECT_EQ(staged.staged()->partial->start, 5u);
+  EXPECT_EQ(staged.staged()->partial->stop, 11u);
+  EXPECT_EQ(staged.time_span(), (std::pair<uint64_t, uint64_t>{5, 11}));
+  EXPECT_EQ(drain(staged), want);
+  // Time chunks 2 to 5 (steps 4 to 11) of each array are on disk, not 0 and 1.
+  auto files = make_file_store(dir.path() + "/node1");
+  EXPECT_TRUE(files->size("t2m/c/2/0/0"));
+  EXPECT_TRUE(files->size("z/c/5/0/0/0"));
+  EXPECT_FALSE(files->size("t2m/c/1/0/0"));
+  EXPECT_FALSE(files->size("q/c/0/0/0"));
+
+  // The same spec again (a restarted job) finds the copy complete.
+  Loader again(spec);
+  EXPECT_TRUE(again.staged()->already_complete);
+  EXPECT_EQ(drain(again), want);
+
+  // The copy opened by path: its own steps by default, never others.
+  auto copy = open_store(dir.path() + "/node1");
+  LoaderSpec on_copy = base_spec(copy);
+  on_copy.batch_size = 2;
+  Loader reads_copy(on_copy);
+  EXPECT_EQ(reads_copy.time_span(), (std::pair<uint64_t, uint64_t>{5, 11}));
+  EXPECT_EQ(drain(reads_copy).size(), 2u);  // 5 samples in batches of 2, drop_last
+  on_copy.time_range = {3, 11};
+  EXPECT_CONTAINS(error_of([&] { Loader{on_copy}; }),
+                  "time_range [3, 11) reaches past what the partial staged copy");
+  on_copy.time_range = {};
+  on_copy.nodes = 2;
+  EXPECT_CONTAINS(error_of([&] { Loader{on_copy}; }),
+                  "is a partial staged copy (time steps [5, 11)): to split the samples among "
+                  "nodes, give the source and a stage_dir");
+}
+
+TEST(Loader, StagingPartOfTheTimeAxisNeedsItsName) {
+  testing::TempDir dir;
+  auto store = make_store();  // no dimension names
+  auto spec = base_spec(store);
+  spec.time_range = {2, 8};
+  spec.stage_dir = dir.path() + "/copy";
+  EXPECT_CONTAINS(error_of([&] { Loader{spec}; }),
+                  "staging time steps [2, 8) needs the time dimension's name, and 't2m' has no "
+                  "dimension names");
+  // The whole axis needs no name: the whole store is copied.
+  spec.time_range = {};
+  Loader whole(spec);
+  ASSERT_TRUE(whole.staged());
+  EXPECT_FALSE(whole.staged()->partial);
+  EXPECT_EQ(whole.staged()->copied, store->list("").size());
 }
 
 TEST(Cast, Float16AndBFloat16RoundToNearestEven) {
