@@ -10,6 +10,7 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -67,22 +68,51 @@ const StagedTimeChunks* held_chunks(const StagedTimeRange* partial, const std::s
   return nullptr;
 }
 
-// A node's metadata keys and everything under it (of the arrays `partial` names, the chunks it
-// holds). Members are opened through their parent, which hands them its consolidated metadata (a
-// store that cannot list has no other way to find them).
-void add_node_keys(const std::shared_ptr<Store>& store, const Node& node, const std::string& path,
-                   const StagedTimeRange* partial, std::set<std::string>& keys) {
+// Keys of the hierarchy, with their sizes where a listing gave them.
+using Entries = std::map<std::string, std::optional<uint64_t>>;
+
+bool is_staging_file(const std::string& key) { return key == kStageRecord || key == kStageLock; }
+
+// A node's metadata keys and everything under it, walked from the metadata (members are opened
+// through their parent, which hands them its consolidated metadata: a store that cannot list has
+// no other way to find them). Of the arrays `partial` names, the chunks it holds, from the grid,
+// and their metadata without asking the store (an array found along time has dimension names,
+// which a v2 array keeps in .zattrs): a partial copy of a cloud store of millions of chunks asks
+// for the chunks it copies, not for a listing of all of them. Other arrays of a store that can
+// list are listed (they are small: coordinates, static fields), else taken from their grid.
+void add_node_entries(const std::shared_ptr<Store>& store, const Node& node,
+                      const std::string& path, const StagedTimeRange* partial, Entries& entries) {
+  const Array* array = std::get_if<Array>(&node);
+  const StagedTimeChunks* held = array ? held_chunks(partial, path) : nullptr;
+  if (held) {
+    const std::vector<std::string> metadata_names =
+        array->metadata().zarr_format == 2 ? std::vector<std::string>{".zarray", ".zattrs"}
+                                           : std::vector<std::string>{"zarr.json"};
+    for (const std::string& name : metadata_names) entries.emplace(join(path, name), std::nullopt);
+    std::set<std::string> keys;
+    add_chunk_keys(*array, held, keys);
+    for (const std::string& key : keys) entries.emplace(key, std::nullopt);
+    return;
+  }
+  if (array && store->can_list()) {
+    for (auto& [key, size] : store->list_sizes(path.empty() ? "" : path + "/")) {
+      if (!is_staging_file(key)) entries[key] = size;
+    }
+    return;
+  }
   for (const char* name : kMetadataNames) {
     const std::string key = join(path, name);
-    if (store->size(key)) keys.insert(key);
+    if (const auto size = store->size(key)) entries[key] = *size;
   }
-  if (const Array* array = std::get_if<Array>(&node)) {
-    add_chunk_keys(*array, held_chunks(partial, path), keys);
+  if (array) {
+    std::set<std::string> keys;
+    add_chunk_keys(*array, nullptr, keys);
+    for (const std::string& key : keys) entries.emplace(key, std::nullopt);
     return;
   }
   const Group& group = std::get<Group>(node);
   for (const std::string& member : group.members()) {
-    add_node_keys(store, group.open_member(member), join(path, member), partial, keys);
+    add_node_entries(store, group.open_member(member), join(path, member), partial, entries);
   }
 }
 
@@ -172,22 +202,21 @@ class FileLock {
 
 namespace {
 
-// The hierarchy's keys, each with its size where the store's listing gives it (listed once).
+// The hierarchy's keys, each with its size where the store's listing gives it (listed once):
+// the whole listing of a store that can list, unless the copy is partial (add_node_entries).
 std::vector<std::pair<std::string, std::optional<uint64_t>>> hierarchy_entries(
     const std::shared_ptr<Store>& store, const StagedTimeRange* partial = nullptr) {
   std::vector<std::pair<std::string, std::optional<uint64_t>>> entries;
-  if (store->can_list()) {
+  if (store->can_list() && !partial) {
     for (auto& [key, size] : store->list_sizes("")) {
       // A staged copy staged again: its own record and lock are not the hierarchy's.
-      if (key == kStageRecord || key == kStageLock) continue;
-      if (partial && partial->excluding(key)) continue;
-      entries.emplace_back(std::move(key), size);
+      if (!is_staging_file(key)) entries.emplace_back(std::move(key), size);
     }
     return entries;
   }
-  std::set<std::string> keys;
-  add_node_keys(store, open_node(store, ""), "", partial, keys);
-  for (const std::string& key : keys) entries.emplace_back(key, std::nullopt);
+  Entries walked;
+  add_node_entries(store, open_node(store, ""), "", partial, walked);
+  for (auto& [key, size] : walked) entries.emplace_back(key, size);
   return entries;
 }
 
@@ -196,8 +225,7 @@ std::vector<std::pair<std::string, std::optional<uint64_t>>> hierarchy_entries(
 std::vector<std::string> hierarchy_keys(const std::shared_ptr<Store>& store) {
   if (store->can_list()) {
     std::vector<std::string> keys = store->list("");
-    std::erase_if(keys,
-                  [](const std::string& key) { return key == kStageRecord || key == kStageLock; });
+    std::erase_if(keys, is_staging_file);
     return keys;
   }
   std::vector<std::string> keys;

@@ -332,6 +332,46 @@ TEST(Stage, APartialCopyOfAStoreThatCannotList) {
   EXPECT_EQ(result.copied, 3u + 2 + 2 + 4 + 1 + 6);
 }
 
+// A store that records the prefixes it is asked to list.
+class ListRecordingStore final : public Store {
+ public:
+  explicit ListRecordingStore(std::shared_ptr<Store> inner) : inner_(std::move(inner)) {}
+  std::optional<Bytes> get(std::string_view key, ByteRange range) const override {
+    return inner_->get(key, range);
+  }
+  std::optional<uint64_t> size(std::string_view key) const override { return inner_->size(key); }
+  void set(std::string_view key, ByteView value) override { inner_->set(key, value); }
+  void erase(std::string_view key) override { inner_->erase(key); }
+  std::vector<std::string> list(std::string_view prefix) const override {
+    listed.emplace_back(prefix);
+    return inner_->list(prefix);
+  }
+  std::vector<std::pair<std::string, uint64_t>> list_sizes(std::string_view prefix) const override {
+    listed.emplace_back(prefix);
+    return inner_->list_sizes(prefix);
+  }
+  std::string url() const override { return inner_->url(); }
+  mutable std::vector<std::string> listed;
+
+ private:
+  std::shared_ptr<Store> inner_;
+};
+
+TEST(Stage, APartialCopyListsOnlyTheArraysItCopiesWhole) {
+  // A cloud store of millions of chunks is not listed whole for a few of them: the time chunks
+  // come from the grid, and only the other arrays (a coordinate, a static field) are listed.
+  auto source = std::make_shared<ListRecordingStore>(timed_hierarchy());
+  TempDir dir;
+  StageOptions options;
+  options.time_range = {{3, 7}};
+  const StageResult result = stage(source, dir.path() + "/part", options);
+  std::sort(source->listed.begin(), source->listed.end());
+  EXPECT_EQ(source->listed, (std::vector<std::string>{"lsm/", "time/"}));
+  EXPECT_EQ(result.missing, 0u);
+  auto copy = open_store(dir.path() + "/part");
+  EXPECT_EQ(read_steps(Array::open(copy, "w"), 3, 7), read_steps(Array::open(source, "w"), 3, 7));
+}
+
 TEST(Stage, AnUnfinishedCopyDoesNotOpen) {
   auto source = timed_hierarchy();
   TempDir dir;
