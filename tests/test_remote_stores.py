@@ -378,7 +378,7 @@ def test_each_node_stages_its_own_block_of_samples(s3, tmp_path):
     held = {k for k in _files(tmp_path / "node1" / "era5.zarr") if k.startswith("t2m/c/")}
     assert held == {f"t2m/c/{t}/0/0" for t in range(5, 11)}
     # Read by path, the copy refuses the steps it does not hold rather than read them as fill.
-    with pytest.raises(zfeed.ZarrError, match=r"t2m/c/0/0/0: time chunk 0 \(time steps 0 to 0\) is not in "
+    with pytest.raises(zfeed.ZarrError, match=r"t2m/c/0/0/0: time chunk 0 \(time step 0\) is not in "
                                               r"this partial staged copy of s3://weather/nodes/era5\.zarr"):
         zfeed.open(tmp_path / "node1" / "era5.zarr")["t2m"][0]
 

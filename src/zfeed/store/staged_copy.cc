@@ -174,10 +174,12 @@ class StagedCopyStore final : public Store {
     if (!entry) return false;
     const uint64_t chunk = *entry->time_chunk_of(key);
     const uint64_t first = chunk * entry->time_chunk;
+    const std::string steps = entry->time_chunk == 1
+                                  ? range_.time_dim + " step " + std::to_string(first)
+                                  : range_.time_dim + " steps " + std::to_string(first) + " to " +
+                                        std::to_string(first + entry->time_chunk - 1);
     throw Error(url() + ": " + std::string(key) + ": time chunk " + std::to_string(chunk) + " (" +
-                range_.time_dim + " steps " + std::to_string(first) + " to " +
-                std::to_string(first + entry->time_chunk - 1) +
-                ") is not in this partial staged copy of " + source_ + ", which holds " +
+                steps + ") is not in this partial staged copy of " + source_ + ", which holds " +
                 range_.time_dim + " steps [" + std::to_string(range_.start) + ", " +
                 std::to_string(range_.stop) +
                 "): read the source, or stage the steps needed (zfeed stage --time)");

@@ -37,6 +37,12 @@ std::pair<uint64_t, uint64_t> parse_time_range(const std::string& text) {
           number(std::string_view(text).substr(colon + 1))};
 }
 
+std::string seconds_text(double seconds) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.2f s", seconds);
+  return text;
+}
+
 int run_stage(const StageArgs& args) {
   zarr::StageOptions options;
   options.threads = args.threads;
@@ -65,7 +71,8 @@ int run_stage(const StageArgs& args) {
     std::cout << args.destination << ": " << result.keys << " keys of " << args.source << steps
               << ", " << result.copied << " copied (" << human_bytes(double(result.bytes_copied))
               << "), " << result.present << " already there, " << result.missing
-              << " absent from the source (fill value), in " << result.seconds << " s\n";
+              << " absent from the source (fill value), in " << seconds_text(result.seconds)
+              << "\n";
   }
   return 0;
 }
