@@ -1,6 +1,9 @@
 #include "zfeed/store/staged_copy.h"
 
 #include <charconv>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include "zfeed/util/error.h"
 
@@ -117,8 +120,16 @@ StagedTimeRange parse_partial(const Json& record, const std::string& where) {
 // the chunks left out is an error instead of "missing" (which reads as the fill value).
 class StagedCopyStore final : public Store {
  public:
-  StagedCopyStore(std::shared_ptr<Store> directory, std::string source, StagedTimeRange range)
-      : directory_(std::move(directory)), source_(std::move(source)), range_(std::move(range)) {}
+  // `key_prefix`: where the directory opened lies inside the copy ("" at its root, "t2m/" for
+  // one array's directory), as the record's paths are the copy's.
+  StagedCopyStore(std::shared_ptr<Store> directory, std::string source, StagedTimeRange range,
+                  std::string key_prefix)
+      : directory_(std::move(directory)),
+        source_(std::move(source)),
+        range_(std::move(range)),
+        key_prefix_(std::move(key_prefix)) {}
+
+  const StagedTimeRange& range() const { return range_; }
 
   std::optional<Bytes> get(std::string_view key, ByteRange range) const override {
     auto value = directory_->get(key, range);
@@ -169,7 +180,8 @@ class StagedCopyStore final : public Store {
 
  private:
   // Returns false (the key is missing, as in the source) or throws where the copy left it out.
-  bool check_held(std::string_view key) const {
+  bool check_held(std::string_view key_here) const {
+    const std::string key = key_prefix_ + std::string(key_here);
     const StagedTimeChunks* entry = range_.excluding(key);
     if (!entry) return false;
     const uint64_t chunk = *entry->time_chunk_of(key);
@@ -178,21 +190,23 @@ class StagedCopyStore final : public Store {
                                   ? range_.time_dim + " step " + std::to_string(first)
                                   : range_.time_dim + " steps " + std::to_string(first) + " to " +
                                         std::to_string(first + entry->time_chunk - 1);
-    throw Error(url() + ": " + std::string(key) + ": time chunk " + std::to_string(chunk) + " (" +
-                steps + ") is not in this partial staged copy of " + source_ + ", which holds " +
-                range_.time_dim + " steps [" + std::to_string(range_.start) + ", " +
-                std::to_string(range_.stop) +
+    throw Error(url() + ": " + std::string(key_here) + ": time chunk " + std::to_string(chunk) +
+                " (" + steps + ") is not in this partial staged copy of " + source_ +
+                ", which holds " + range_.time_dim + " steps [" + std::to_string(range_.start) +
+                ", " + std::to_string(range_.stop) +
                 "): read the source, or stage the steps needed (zfeed stage --time)");
   }
 
   std::shared_ptr<Store> directory_;
   std::string source_;
   StagedTimeRange range_;
+  std::string key_prefix_;
 };
 
 }  // namespace
 
 std::optional<StagedTimeRange> staged_time_range(const Store& store) {
+  if (const auto* copy = dynamic_cast<const StagedCopyStore*>(&store)) return copy->range();
   const auto record = read_stage_record(store);
   if (!record || !record->value("complete", false) || !record->contains("partial")) {
     return std::nullopt;
@@ -200,24 +214,63 @@ std::optional<StagedTimeRange> staged_time_range(const Store& store) {
   return parse_partial(*record, store.url());
 }
 
-std::shared_ptr<Store> open_staged_copy(std::shared_ptr<Store> directory) {
-  const auto record = read_stage_record(*directory);
-  if (!record) return directory;
-  const std::string source = record->value("source", std::string("?"));
-  if (!record->value("complete", false)) {
-    std::string command = "zfeed stage " + source + " " + local_path_of(directory->url());
-    const Json& steps = record->value("time_range", Json());
+namespace {
+
+// The staging record of the copy that holds `root`: at `root`, or in the nearest directory above
+// it that has one, with `root`'s path inside that copy ("t2m/").
+std::optional<std::pair<Json, std::string>> enclosing_record(const Store& directory,
+                                                             const std::string& root) {
+  if (auto record = read_stage_record(directory)) return std::make_pair(*record, std::string());
+  if (root.empty()) return std::nullopt;
+  std::error_code error;
+  const std::filesystem::path here = std::filesystem::weakly_canonical(root, error);
+  if (error) return std::nullopt;
+  for (std::filesystem::path above = here.parent_path(); !above.empty();
+       above = above.parent_path()) {
+    std::ifstream file(above / kStageRecord, std::ios::binary);
+    if (file) {
+      std::ostringstream text;
+      text << file.rdbuf();
+      try {
+        Json record = parse_json(text.str(), kStageRecord);
+        if (!record.is_object()) return std::nullopt;
+        return std::make_pair(std::move(record),
+                              std::filesystem::relative(here, above).generic_string() + "/");
+      } catch (const Error&) {
+        return std::nullopt;
+      }
+    }
+    if (above == above.root_path()) break;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::shared_ptr<Store> open_staged_copy(std::shared_ptr<Store> directory, const std::string& root) {
+  const auto found = enclosing_record(*directory, root);
+  if (!found) return directory;
+  const auto& [record, key_prefix] = *found;
+  const std::string source = record.value("source", std::string("?"));
+  const std::string copy_root = local_path_of(directory->url());
+  if (!record.value("complete", false)) {
+    std::string copy = copy_root;
+    if (!key_prefix.empty()) copy.resize(copy.size() - std::min(copy.size(), key_prefix.size()));
+    std::string command = "zfeed stage " + source + " " + copy;
+    const Json& steps = record.value("time_range", Json());
     if (steps.is_array() && steps.size() == 2) {
       command += " --time " + steps[0].dump() + ":" + steps[1].dump();
-      const std::string time_dim = record->value("time_dim", std::string("time"));
+      const std::string time_dim = record.value("time_dim", std::string("time"));
       if (time_dim != "time") command += " --time-dim " + time_dim;
     }
-    throw Error(directory->url() + ": an unfinished staged copy of " + source +
-                " (being made, or interrupted): run `" + command + "` to finish it (it resumes)");
+    throw Error(directory->url() + ": " + (key_prefix.empty() ? "an" : "part of an") +
+                " unfinished staged copy of " + source + " (being made, or interrupted): run `" +
+                command + "` to finish it (it resumes)");
   }
-  if (!record->contains("partial")) return directory;
-  StagedTimeRange range = parse_partial(*record, directory->url());
-  return std::make_shared<StagedCopyStore>(std::move(directory), source, std::move(range));
+  if (!record.contains("partial")) return directory;
+  StagedTimeRange range = parse_partial(record, directory->url());
+  return std::make_shared<StagedCopyStore>(std::move(directory), source, std::move(range),
+                                           key_prefix);
 }
 
 }  // namespace zfeed

@@ -59,13 +59,17 @@ struct StagedTimeRange {
 // The staging record at the root of `store`, where there is one and it is a JSON object.
 std::optional<Json> read_stage_record(const Store& store);
 
-// What a complete staged copy at the root of `store` holds of the time axis: nullopt for a
-// whole copy, or for a store that is no staged copy.
+// What a complete staged copy at the root of `store` (or that `store` was opened inside, by
+// open_staged_copy) holds of the time axis: nullopt for a whole copy, or for a store that is no
+// staged copy.
 std::optional<StagedTimeRange> staged_time_range(const Store& store);
 
-// Wraps `directory` (a filesystem store) where its root holds a staging record: a store that
-// reads the copy and refuses the chunks a partial copy does not hold; throws where the copy is
-// incomplete (being made, or interrupted). Returns `directory` itself where there is no record.
-std::shared_ptr<Store> open_staged_copy(std::shared_ptr<Store> directory);
+// Wraps `directory` (a filesystem store) where it is a staged copy, or part of one (its path
+// `root`, where given, lies under a directory with a staging record: one array of the copy): a
+// store that reads the copy and refuses the chunks a partial copy does not hold; throws where
+// the copy is incomplete (being made, or interrupted). Returns `directory` itself where it is no
+// part of a staged copy.
+std::shared_ptr<Store> open_staged_copy(std::shared_ptr<Store> directory,
+                                        const std::string& root = "");
 
 }  // namespace zfeed

@@ -146,7 +146,7 @@ std::shared_ptr<Store> open_store(const std::string& path_or_url, bool create) {
   FileStoreOptions options;
   options.create = create;
   // A staged copy (zfeed stage) reads as what its record says it holds.
-  return open_staged_copy(make_file_store(std::string(path), options));
+  return open_staged_copy(make_file_store(std::string(path), options), std::string(path));
 }
 
 }  // namespace zfeed

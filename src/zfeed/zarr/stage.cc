@@ -100,7 +100,12 @@ void add_node_entries(const std::shared_ptr<Store>& store, const Node& node,
     }
     return;
   }
+  // The node's own format's documents only: a store that answers an absent key with 403 (a
+  // bucket readable but not listable) must not be asked for the other format's.
+  const int format = array ? array->metadata().zarr_format : std::get<Group>(node).zarr_format();
   for (const char* name : kMetadataNames) {
+    const bool v3_name = std::string_view(name) == "zarr.json";
+    if (v3_name != (format == 3)) continue;
     const std::string key = join(path, name);
     if (const auto size = store->size(key)) entries[key] = *size;
   }
@@ -137,7 +142,8 @@ std::string range_text(uint64_t start, uint64_t stop) {
 // dimension is options.time_dim.
 StagedTimeRange plan_time_range(const std::shared_ptr<Store>& source, const StageOptions& options,
                                 const std::string& where) {
-  const auto [start, stop] = *options.time_range;
+  // Plain variables, not a structured binding: the lambda below captures them.
+  const uint64_t start = options.time_range->first, stop = options.time_range->second;
   if (start >= stop) {
     throw Error(where + ": the time range " + range_text(start, stop) + " holds no step");
   }
@@ -251,7 +257,21 @@ StageResult stage(std::shared_ptr<Store> source, const std::string& destination_
   // One process of the node copies; the others wait here, then find the record.
   FileLock lock((fs::path(destination_path) / kStageLock).string());
   StageResult result;
-  const auto requested = options.time_range;
+  // A partial staged copy staged again: its steps by default, never others (it lacks them).
+  StageOptions wanted = options;
+  if (const auto holds = staged_time_range(*source)) {
+    if (!wanted.time_range) {
+      wanted.time_range = {holds->start, holds->stop};
+      wanted.time_dim = holds->time_dim;
+    } else if (wanted.time_dim != holds->time_dim || wanted.time_range->first < holds->start ||
+               wanted.time_range->second > holds->stop) {
+      throw Error(where + ": the source is a partial staged copy holding " + holds->time_dim +
+                  " steps " + range_text(holds->start, holds->stop) + " only, not " +
+                  wanted.time_dim + " steps " +
+                  range_text(wanted.time_range->first, wanted.time_range->second));
+    }
+  }
+  const auto requested = wanted.time_range;
   if (const auto record = read_stage_record(*destination)) {
     if (record->value("source", "") != source->url()) {
       throw Error(where + ": the destination holds a copy of " + record->value("source", "?") +
@@ -267,8 +287,8 @@ StageResult stage(std::shared_ptr<Store> source, const std::string& destination_
           throw Error(where + ": " + holds + "; stage the whole source to another destination");
         }
         if (requested->first != held.start || requested->second != held.stop ||
-            options.time_dim != held.time_dim) {
-          throw Error(where + ": " + holds + ", not " + options.time_dim + " steps " +
+            wanted.time_dim != held.time_dim) {
+          throw Error(where + ": " + holds + ", not " + wanted.time_dim + " steps " +
                       range_text(requested->first, requested->second) +
                       "; give another destination for that range");
         }
@@ -293,13 +313,13 @@ StageResult stage(std::shared_ptr<Store> source, const std::string& destination_
       }
     }
   }
-  if (requested) result.partial = plan_time_range(source, options, where);
+  if (requested) result.partial = plan_time_range(source, wanted, where);
   // The record names the source before the first value lands, so that a resumed run knows
   // the values present are this source's (and what was asked, for the hint to finish it).
   Json started{{"source", source->url()}, {"complete", false}};
   if (requested) {
     started["time_range"] = {requested->first, requested->second};
-    started["time_dim"] = options.time_dim;
+    started["time_dim"] = wanted.time_dim;
   }
   destination->set(kStageRecord, as_bytes(started.dump(2)));
 
@@ -337,6 +357,15 @@ StageResult stage(std::shared_ptr<Store> source, const std::string& destination_
     ++done;
     report(false);
   });
+  // The values reach the disk before the record that calls them complete: a node that loses
+  // power must not find a complete copy of empty files.
+  if (copied > 0) {
+    const int directory = ::open(destination_path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (directory >= 0) {
+      ::syncfs(directory);
+      ::close(directory);
+    }
+  }
   result.copied = copied;
   result.present = present;
   result.missing = missing;

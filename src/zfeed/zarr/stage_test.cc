@@ -372,6 +372,58 @@ TEST(Stage, APartialCopyListsOnlyTheArraysItCopiesWhole) {
   EXPECT_EQ(read_steps(Array::open(copy, "w"), 3, 7), read_steps(Array::open(source, "w"), 3, 7));
 }
 
+TEST(Stage, APartialCopyStagedAgainIsPartialToo) {
+  auto source = timed_hierarchy();
+  TempDir dir;
+  StageOptions part;
+  part.time_range = {{3, 7}};
+  stage(source, dir.path() + "/part", part);
+  auto first = open_store(dir.path() + "/part");
+  // Without a range: the copy's own steps (its other chunks are not there to copy).
+  const StageResult again = stage(first, dir.path() + "/again");
+  ASSERT_TRUE(again.partial);
+  EXPECT_EQ(again.partial->start, 3u);
+  EXPECT_EQ(again.partial->stop, 7u);
+  auto second = open_store(dir.path() + "/again");
+  EXPECT_EQ(read_steps(Array::open(second, "t2m"), 3, 7),
+            read_steps(Array::open(source, "t2m"), 3, 7));
+  EXPECT_CONTAINS(error_of<Error>([&] { read_steps(Array::open(second, "t2m"), 0, 1); }),
+                  "is not in this partial staged copy");
+  StageOptions inside;
+  inside.time_range = {{4, 6}};
+  const StageResult narrower = stage(first, dir.path() + "/narrower", inside);
+  EXPECT_EQ(narrower.partial->start, 4u);
+  StageOptions outside;
+  outside.time_range = {{0, 6}};
+  EXPECT_CONTAINS(error_of<Error>([&] { stage(first, dir.path() + "/outside", outside); }),
+                  "the source is a partial staged copy holding time steps [3, 7) only, not time "
+                  "steps [0, 6)");
+}
+
+TEST(Stage, AnArrayOfAPartialCopyOpenedByItsOwnPathRefusesTheStepsLeftOut) {
+  auto source = timed_hierarchy();
+  TempDir dir;
+  StageOptions part;
+  part.time_range = {{3, 7}};
+  stage(source, dir.path() + "/part", part);
+  auto array_dir = open_store(dir.path() + "/part/t2m");
+  const Array t2m = Array::open(array_dir, "");
+  EXPECT_EQ(read_steps(t2m, 3, 7), read_steps(Array::open(source, "t2m"), 3, 7));
+  EXPECT_CONTAINS(error_of<Error>([&] { read_steps(t2m, 0, 1); }),
+                  "/part/t2m: c/0/0/0: time chunk 0 (time steps 0 to 1) is not in this partial "
+                  "staged copy");
+  const auto held = staged_time_range(*array_dir);
+  ASSERT_TRUE(held);
+  EXPECT_EQ(held->start, 3u);
+  // An unfinished copy does not open by an array's path either.
+  auto files = make_file_store(dir.path() + "/part");
+  files->set(kStageRecord, as_bytes(R"({"source": "memory://", "complete": false})"));
+  EXPECT_CONTAINS(error_of<Error>([&] { open_store(dir.path() + "/part/t2m"); }),
+                  "part of an unfinished staged copy of memory:// (being made, or interrupted): "
+                  "run `zfeed stage memory:// " +
+                      dir.path() + "/part`");
+}
+
 TEST(Stage, AnUnfinishedCopyDoesNotOpen) {
   auto source = timed_hierarchy();
   TempDir dir;
