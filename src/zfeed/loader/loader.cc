@@ -418,9 +418,10 @@ Loader::Loader(LoaderSpec spec) : spec_(std::move(spec)), shared_(std::make_shar
     throw Error("loader: node " + std::to_string(spec_.node) + " of " +
                 std::to_string(spec_.nodes) + " nodes: give 0 <= node < nodes");
   }
-  // A partial staged copy (zfeed stage --time) holds some time steps only.
+  // A partial staged copy (zfeed stage --time) holds some time steps only: read, or staged
+  // again, it gives the loader no other.
+  store_holds_ = staged_time_range(*spec_.store);
   if (spec_.stage_dir.empty()) {
-    store_holds_ = staged_time_range(*spec_.store);
     if (store_holds_ && spec_.nodes > 1) {
       throw Error("loader: " + spec_.store->url() + " is a partial staged copy (" +
                   store_holds_->time_dim + " steps [" + std::to_string(store_holds_->start) + ", " +
@@ -752,8 +753,8 @@ Loader::Loader(LoaderSpec spec) : spec_(std::move(spec)), shared_(std::make_shar
   full_lon_ = lon_ = first.shape[first.rank() - 1];
   if (spec_.crop) {
     const Crop& c = *spec_.crop;
-    if (c.lat_size == 0 || c.lon_size == 0 || c.lat_start + c.lat_size > lat_ ||
-        c.lon_start + c.lon_size > lon_) {
+    if (c.lat_size == 0 || c.lon_size == 0 || c.lat_size > lat_ ||
+        c.lat_start > lat_ - c.lat_size || c.lon_size > lon_ || c.lon_start > lon_ - c.lon_size) {
       throw Error("loader: crop [" + std::to_string(c.lat_start) + ", " +
                   std::to_string(c.lat_size) + ", " + std::to_string(c.lon_start) + ", " +
                   std::to_string(c.lon_size) + "] (lat_start, lat_size, " +
@@ -1338,31 +1339,39 @@ void Loader::read_pieces(std::span<const Piece> cached, std::span<const Piece> d
   enum : uint8_t { kPending = 0, kDecoded = 1, kFailed = 2 };
   std::unique_ptr<std::atomic<uint8_t>[]> state(new std::atomic<uint8_t>[missing.size()]());
   const size_t decodes = missing.size(), alone = direct.size(), now = ready.size();
+  // Once a task fails the pool skips the tasks not yet started, decodes among them, so a failure
+  // marks every decode still pending failed: a task waiting on one must not wait forever.
+  auto fail_pending = [&] {
+    for (size_t m = 0; m < decodes; ++m) {
+      uint8_t pending = kPending;
+      if (state[m].compare_exchange_strong(pending, kFailed, std::memory_order_acq_rel)) {
+        state[m].notify_all();
+      }
+    }
+  };
   pool_->parallel_for(decodes + alone + now + waiting.size(), [&](size_t task) {
     MappedFiles::RereadScope rereading;  // every epoch reads these files again
-    if (task < decodes) {
-      const size_t m = task;
-      try {
-        decode_chunk(missing[m], *decoded[m]);
-      } catch (...) {
-        state[m].store(kFailed, std::memory_order_release);
-        state[m].notify_all();
-        throw;
+    try {
+      if (task < decodes) {
+        decode_chunk(missing[task], *decoded[task]);
+        state[task].store(kDecoded, std::memory_order_release);
+        state[task].notify_all();
+        return;
       }
-      state[m].store(kDecoded, std::memory_order_release);
-      state[m].notify_all();
-      return;
+      task -= decodes;
+      if (task < alone) return read_direct_piece(direct[task], memory);
+      task -= alone;
+      if (task < now) return scatter_cached_piece(*ready[task], chunks);
+      const auto& [piece, needs] = waiting[task - now];
+      for (size_t m : needs) {
+        state[m].wait(kPending, std::memory_order_acquire);
+        if (state[m].load(std::memory_order_acquire) == kFailed) return;  // an error is raised
+      }
+      scatter_cached_piece(*piece, chunks);
+    } catch (...) {
+      fail_pending();
+      throw;
     }
-    task -= decodes;
-    if (task < alone) return read_direct_piece(direct[task], memory);
-    task -= alone;
-    if (task < now) return scatter_cached_piece(*ready[task], chunks);
-    const auto& [piece, needs] = waiting[task - now];
-    for (size_t m : needs) {
-      state[m].wait(kPending, std::memory_order_acquire);
-      if (state[m].load(std::memory_order_acquire) == kFailed) return;  // its error is raised
-    }
-    scatter_cached_piece(*piece, chunks);
   });
   shared_->chunks_decoded += missing.size();
   for (size_t m = 0; m < missing.size(); ++m) cache_.insert(missing[m], decoded[m]);
@@ -1709,18 +1718,17 @@ void Loader::resolve_time_range() {
     return std::clamp<int64_t>(at, 0, extent);
   };
   const bool ranged = spec_.time_range[0] || spec_.time_range[1];
-  int64_t start = resolve(spec_.time_range[0], 0);
-  int64_t stop = std::max(start, resolve(spec_.time_range[1], extent));
+  // A partial staged copy: its time steps are the axis's ends (a range's absent end is the
+  // copy's), and the loader never reads others (they read as errors).
+  int64_t held_start = 0, held_stop = extent;
   if (store_holds_) {
-    // A partial staged copy: its time steps by default, and never others (they read as errors).
-    const auto held_start =
-        static_cast<int64_t>(std::min<uint64_t>(store_holds_->start, time_extent_));
-    const auto held_stop =
-        static_cast<int64_t>(std::min<uint64_t>(store_holds_->stop, time_extent_));
-    if (!ranged) {
-      start = held_start;
-      stop = std::max(start, held_stop);
-    } else if (start < held_start || stop > held_stop) {
+    held_start = static_cast<int64_t>(std::min<uint64_t>(store_holds_->start, time_extent_));
+    held_stop = static_cast<int64_t>(std::min<uint64_t>(store_holds_->stop, time_extent_));
+  }
+  const int64_t start = resolve(spec_.time_range[0], held_start);
+  const int64_t stop = std::max(start, resolve(spec_.time_range[1], held_stop));
+  if (store_holds_) {
+    if (start < held_start || stop > held_stop) {
       throw Error("loader: time_range [" + std::to_string(start) + ", " + std::to_string(stop) +
                   ") reaches past what the partial staged copy " + spec_.store->url() + " holds (" +
                   store_holds_->time_dim + " steps [" + std::to_string(held_start) + ", " +

@@ -1510,6 +1510,59 @@ TEST(Loader, ANodeStagesItsTimeStepsAndReadsTheCopy) {
                   "nodes, give the source and a stage_dir");
 }
 
+TEST(Loader, ACorruptChunkOfSeveralStepsFailsTheBatchWithoutAHang) {
+  // Chunks of 4 steps go through the cache: pieces wait for their chunk's decode, and a failed
+  // decode (or any failed task: the pool then skips the decodes not yet started) must release
+  // every waiting piece. Many chunks in flight, one corrupt, on each of several loaders.
+  for (int round = 0; round < 8; ++round) {
+    auto store = make_store(/*time_chunk=*/4);
+    store->set(round % 2 ? "z/c/1/0/0/0" : "q/c/2/0/0", as_bytes("not a zstd frame"));
+    auto spec = base_spec(store);
+    spec.batch_size = 10;
+    spec.seed = static_cast<uint64_t>(round);
+    Loader loader(spec);
+    EXPECT_CONTAINS(error_of([&] {
+                      while (loader.next()) {
+                      }
+                    }),
+                    round % 2 ? "z/c/1/0/0/0" : "q/c/2/0/0");
+  }
+}
+
+TEST(Loader, CropsThatWouldWrapAroundAreRefused) {
+  auto spec = base_spec(make_store());
+  spec.crop = Crop{UINT64_MAX, 2, 0, kLon};
+  EXPECT_CONTAINS(error_of([&] { Loader{spec}; }), "does not fit the 6 x 8 grid");
+  spec.crop = Crop{0, kLat, 1, UINT64_MAX};
+  EXPECT_CONTAINS(error_of([&] { Loader{spec}; }), "does not fit the 6 x 8 grid");
+}
+
+TEST(Loader, APartialCopyStagedAgainKeepsItsSteps) {
+  testing::TempDir dir;
+  auto store = make_store(/*time_chunk=*/2, 1, kZstdCodecs, make_memory_store(), /*named=*/true);
+  zarr::StageOptions options;
+  options.time_range = {{5, 11}};
+  zarr::stage(store, dir.path() + "/shared", options);
+  auto shared_copy = open_store(dir.path() + "/shared");
+  // An absent end of the range is the copy's.
+  auto spec = base_spec(shared_copy);
+  spec.time_range = {std::nullopt, 9};
+  EXPECT_EQ(Loader(spec).time_span(), (std::pair<uint64_t, uint64_t>{5, 9}));
+  spec.time_range = {7, std::nullopt};
+  EXPECT_EQ(Loader(spec).time_span(), (std::pair<uint64_t, uint64_t>{7, 11}));
+  // Staged again (to a node's disk), it gives the copy its own steps, not the whole axis.
+  spec.time_range = {};
+  spec.stage_dir = dir.path() + "/local";
+  Loader staged(spec);
+  ASSERT_TRUE(staged.staged()->partial);
+  EXPECT_EQ(staged.staged()->partial->start, 5u);
+  EXPECT_EQ(staged.staged()->partial->stop, 11u);
+  auto direct_spec = base_spec(store);
+  direct_spec.time_range = {5, 11};
+  Loader direct(direct_spec);
+  EXPECT_EQ(drain(staged), drain(direct));
+}
+
 TEST(Loader, StagingPartOfTheTimeAxisNeedsItsName) {
   testing::TempDir dir;
   auto store = make_store();  // no dimension names
