@@ -8,11 +8,13 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <fstream>
 #include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <thread>
 
 #include "zfeed/util/error.h"
@@ -117,20 +119,28 @@ struct Response {
   std::string content_range;  // the Content-Range header's value
   std::string bucket_region;  // x-amz-bucket-region, where S3 says the bucket lives elsewhere
   int64_t content_length = -1;
+  long retry_after_s = 0;      // the Retry-After header, in seconds (0: none)
   Bytes* body_sink = nullptr;  // where the body goes, reserved from Content-Length
+  // An exception in a callback (out of memory for a huge body): libcurl is C, so it is kept
+  // here, the transfer aborted, and rethrown once libcurl has returned.
+  std::exception_ptr failure;
 };
 
 size_t on_body(char* data, size_t size, size_t count, void* user) {
-  auto* body = static_cast<Bytes*>(user);
-  body->append(ByteView(reinterpret_cast<const uint8_t*>(data), size * count));
+  auto* response = static_cast<Response*>(user);
+  try {
+    response->body_sink->append(ByteView(reinterpret_cast<const uint8_t*>(data), size * count));
+  } catch (...) {
+    response->failure = std::current_exception();
+    return 0;  // aborts the transfer (CURLE_WRITE_ERROR)
+  }
   return size * count;
 }
 
-size_t on_header(char* data, size_t size, size_t count, void* user) {
-  auto* response = static_cast<Response*>(user);
-  std::string_view line(data, size * count);
+// One response header line: the ones the store uses are kept in the response.
+void read_header_line(std::string_view line, Response* response) {
   const size_t colon = line.find(':');
-  if (colon == std::string_view::npos) return size * count;
+  if (colon == std::string_view::npos) return;
   std::string name(line.substr(0, colon));
   std::transform(name.begin(), name.end(), name.begin(),
                  [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
@@ -145,6 +155,22 @@ size_t on_header(char* data, size_t size, size_t count, void* user) {
     if (length > 0 && length < (uint64_t{1} << 40)) response->body_sink->reserve(length);
   }
   if (name == "x-amz-bucket-region") response->bucket_region = value;
+  if (name == "retry-after") {  // seconds (an HTTP date is left alone)
+    const std::string text(value);
+    char* stop = nullptr;
+    const long seconds = std::strtol(text.c_str(), &stop, 10);
+    if (!text.empty() && *stop == '\0' && seconds > 0) response->retry_after_s = seconds;
+  }
+}
+
+size_t on_header(char* data, size_t size, size_t count, void* user) {
+  auto* response = static_cast<Response*>(user);
+  try {
+    read_header_line(std::string_view(data, size * count), response);
+  } catch (...) {
+    response->failure = std::current_exception();
+    return 0;  // aborts the transfer
+  }
   return size * count;
 }
 
@@ -251,11 +277,16 @@ class HttpStore final : public Store {
     if (response.status == 206) {
       const auto total = total_size(response.content_range);
       const auto first = first_byte(response.content_range);
-      if (!total || !first) {
+      // "bytes 100-199/*" (the total unknown) does: the range asked for says where it starts, or
+      // (the last bytes) the response does.
+      if (!first || (!total && range.kind == ByteRange::Kind::kAll)) {
         throw Error(where + ": a partial response without a usable Content-Range (\"" +
                     response.content_range + "\")");
       }
-      const auto [begin, length] = range.resolve(*total, where);
+      const auto [begin, length] =
+          total ? range.resolve(*total, where)
+                : std::pair<uint64_t, uint64_t>{
+                      range.kind == ByteRange::Kind::kRange ? range.offset : *first, range.length};
       if (*first != begin || out.size() != length) {
         throw Error(where + ": asked for " + range.describe() + ", the server sent " +
                     std::to_string(out.size()) + " bytes from byte " + std::to_string(*first));
@@ -330,9 +361,11 @@ class HttpStore final : public Store {
         rethrow_with_context(where);
       }
       for (size_t i = 0; i < page.keys.size(); ++i) {
-        if (page.keys[i].starts_with(full_prefix)) {
-          keys.emplace_back(page.keys[i].substr(options_.key_prefix.size()), page.sizes[i]);
-        }
+        if (!page.keys[i].starts_with(full_prefix)) continue;
+        std::string key = page.keys[i].substr(options_.key_prefix.size());
+        // "Folders" made by a console or Hadoop's S3A ("temp/", the root's "") are no keys.
+        if (key.empty() || key.ends_with('/')) continue;
+        keys.emplace_back(std::move(key), page.sizes[i]);
       }
       if (!page.truncated) break;
       if (page.next_token.empty() || page.next_token == token) {
@@ -357,7 +390,7 @@ class HttpStore final : public Store {
 
  private:
   std::string key_url(std::string_view key) const {
-    return options_.base_url + "/" + percent_encode(key, true);
+    return options_.base_url + "/" + percent_encode(key, true) + options_.query;
   }
 
   void require_s3(const std::string& where, const char* what) const {
@@ -404,8 +437,21 @@ class HttpStore final : public Store {
     return Error(message);
   }
 
+  // Before retry `attempt + 1`: the doubled delay, drawn between half and all of it, and at
+  // least the server's Retry-After (capped: a read must not wait minutes).
+  std::chrono::milliseconds retry_delay(int attempt, long retry_after_s) const {
+    const long full = options_.retry_delay_ms << std::min(attempt, 16);
+    thread_local std::minstd_rand random(
+        static_cast<unsigned>(std::hash<std::thread::id>()(std::this_thread::get_id())));
+    const long drawn =
+        full / 2 + static_cast<long>(random() % static_cast<unsigned long>(full / 2 + 1));
+    return std::chrono::milliseconds(std::max(drawn, std::min(retry_after_s, 20L) * 1000));
+  }
+
   static bool transient(CURLcode code) {
     switch (code) {
+      case CURLE_COULDNT_RESOLVE_HOST:  // a name server overwhelmed by a whole cluster's lookups
+      case CURLE_SSL_CONNECT_ERROR:
       case CURLE_COULDNT_CONNECT:
       case CURLE_OPERATION_TIMEDOUT:
       case CURLE_SEND_ERROR:
@@ -432,10 +478,12 @@ class HttpStore final : public Store {
       char error_text[CURL_ERROR_SIZE] = {0};
       const CURLcode code =
           perform_once(method, url, range_header, upload, sink, response, error_text);
+      if (response.failure) std::rethrow_exception(response.failure);
       const bool failed = code != CURLE_OK;
       const bool retry =
           failed ? transient(code)
-                 : response.status >= 500 || response.status == 429 || response.status == 408;
+                 : (response.status >= 500 && response.status != 501 && response.status != 505) ||
+                       response.status == 429 || response.status == 408;
       if (!retry || attempt >= options_.retries) {
         if (failed) {
           std::string message = where + ": " + curl_easy_strerror(code);
@@ -451,7 +499,7 @@ class HttpStore final : public Store {
         }
         return response;
       }
-      std::this_thread::sleep_for(std::chrono::milliseconds(options_.retry_delay_ms << attempt));
+      std::this_thread::sleep_for(retry_delay(attempt, response.retry_after_s));
     }
   }
 
@@ -463,6 +511,11 @@ class HttpStore final : public Store {
       CURL* handle;
       curl_slist* headers = nullptr;
       ~Give() {
+        // The pooled handle must not keep pointers to this request's stack and headers.
+        curl_easy_setopt(handle, CURLOPT_ERRORBUFFER, nullptr);
+        curl_easy_setopt(handle, CURLOPT_HTTPHEADER, nullptr);
+        curl_easy_setopt(handle, CURLOPT_WRITEDATA, nullptr);
+        curl_easy_setopt(handle, CURLOPT_HEADERDATA, nullptr);
         curl_slist_free_all(headers);
         pool.give(handle);
       }
@@ -482,7 +535,7 @@ class HttpStore final : public Store {
     curl_easy_setopt(handle, CURLOPT_LOW_SPEED_LIMIT, 1L);
     curl_easy_setopt(handle, CURLOPT_LOW_SPEED_TIME, options_.stall_timeout_s);
     curl_easy_setopt(handle, CURLOPT_WRITEFUNCTION, on_body);
-    curl_easy_setopt(handle, CURLOPT_WRITEDATA, sink);
+    curl_easy_setopt(handle, CURLOPT_WRITEDATA, &response);
     curl_easy_setopt(handle, CURLOPT_HEADERFUNCTION, on_header);
     curl_easy_setopt(handle, CURLOPT_HEADERDATA, &response);
     response.body_sink = sink;
@@ -661,9 +714,15 @@ HttpStoreOptions http_store_options(std::string_view url) {
   HttpStoreOptions options;
   options.concurrency = io_threads();
   if (url.starts_with("http://") || url.starts_with("https://")) {
+    // A query (a signed or token URL) follows each key's path, not the store's.
+    const size_t query = url.find('?');
+    if (query != std::string_view::npos) {
+      options.query = std::string(url.substr(query));
+      url = url.substr(0, query);
+    }
     options.base_url = std::string(url);
     while (options.base_url.ends_with('/')) options.base_url.pop_back();
-    options.display_url = options.base_url;
+    options.display_url = options.base_url;  // without the query: it may hold a secret
     return options;
   }
   const bool google = url.starts_with("gs://");

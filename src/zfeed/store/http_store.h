@@ -18,8 +18,11 @@
 namespace zfeed {
 
 struct HttpStoreOptions {
-  // Every key K is read from base_url + "/" + K (percent-encoded). No trailing slash.
+  // Every key K is read from base_url + "/" + K (percent-encoded) + query. No trailing slash.
   std::string base_url;
+  // A plain HTTP store's query string ("?sv=...&sig=...": a signed or token URL), kept after
+  // each key's path; "" for none.
+  std::string query;
   // What url() says in messages: "s3://bucket/era5.zarr", "https://host/era5.zarr".
   std::string display_url;
 
@@ -36,9 +39,12 @@ struct HttpStoreOptions {
   // A transfer that moves no byte for this long fails (then is retried), so a stalled server
   // never hangs a read.
   long stall_timeout_s = 30;
-  // Attempts after the first for errors that may pass: 5xx, 429, timeouts, dropped connections.
-  int retries = 3;
-  long retry_delay_ms = 100;  // doubled at each retry
+  // Attempts after the first for errors that may pass: 5xx, 429, timeouts, dropped connections,
+  // failed name lookups. The delay doubles at each retry, drawn between half and all of it (so
+  // that many clients throttled at once do not retry at once), and is at least what the
+  // server's Retry-After asks (up to 20 s).
+  int retries = 5;
+  long retry_delay_ms = 100;
   // Reads to keep in flight (ZFEED_IO_THREADS).
   size_t concurrency = 32;
 };

@@ -102,16 +102,16 @@ TEST(HttpStore, ALastingErrorNamesTheKeyTheStatusAndTheAttempts) {
   } catch (const Error& error) {
     const std::string message = error.what();
     EXPECT_NE(message.find(server.url() + "/k: HTTP 503 (SlowDown: Please reduce your request "
-                                          "rate) after 4 attempts"),
+                                          "rate) after 6 attempts"),
               std::string::npos)
         << message;
   }
-  EXPECT_EQ(server.requests.load(), 4);
+  EXPECT_EQ(server.requests.load(), 6);
   // An error that will not pass is not retried.
   server.failures_left = 100;
   server.failure_status = 403;
   EXPECT_THROW(store->get("k"), Error);
-  EXPECT_EQ(server.requests.load(), 5);
+  EXPECT_EQ(server.requests.load(), 7);
 }
 
 TEST(HttpStore, AServerThatIsNotThereIsAnErrorNamingTheUrl) {
@@ -361,6 +361,33 @@ TEST(HttpStore, ParsesObjectListings) {
   EXPECT_THROW(
       parse_list_objects("<ListBucketResult><Contents><Key>&#0;</Key><Size>1</Size></Contents>"),
       Error);
+}
+
+TEST(HttpStore, ATokenUrlKeepsItsQueryAfterEachKey) {
+  TestServer server;
+  server.put("data/t/c/0", "0123456789");
+  auto store = make_http_store(quick(server.url() + "/data?sv=1&sig=abc"));
+  EXPECT_EQ(text(*store->get("t/c/0")), "0123456789");
+  EXPECT_EQ(server.last_query, "sv=1&sig=abc");
+  EXPECT_EQ(store->url(), server.url() + "/data");  // the query may hold a secret
+}
+
+TEST(HttpStore, APartialResponseWithAnUnknownTotalServesARange) {
+  TestServer server;
+  server.put("k", "0123456789");
+  server.unknown_total = true;
+  auto store = make_http_store(quick(server.url()));
+  EXPECT_EQ(text(*store->get("k", ByteRange::range(2, 3))), "234");
+  EXPECT_EQ(text(*store->get("k", ByteRange::suffix(3))), "789");
+}
+
+TEST(HttpStore, FolderMarkersAreNoKeys) {
+  TestServer server;
+  server.put("bucket/era5.zarr/", "");
+  server.put("bucket/era5.zarr/temp/", "");
+  server.put("bucket/era5.zarr/zarr.json", "{}");
+  auto store = make_http_store(s3_options(server, "era5.zarr"));
+  EXPECT_EQ(store->list(""), (std::vector<std::string>{"zarr.json"}));
 }
 
 }  // namespace

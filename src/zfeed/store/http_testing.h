@@ -106,6 +106,8 @@ class TestServer {
   std::atomic<int> failure_status{503};
   std::atomic<bool> ignore_range{false};
   std::atomic<bool> stall{false};
+  std::atomic<bool> unknown_total{false};  // partial responses say "bytes a-b/*"
+  std::string last_query;                  // of the last read with a query (under the lock)
   std::atomic<int> requests{0};
   std::atomic<int> max_in_flight{0};
 
@@ -204,7 +206,11 @@ class TestServer {
     const size_t question = target.find('?');
     const std::string path = percent_decode(target.substr(1, question - 1));
     std::lock_guard lock(mutex_);
-    if (question != std::string::npos) return list(path, target.substr(question + 1));
+    if (question != std::string::npos) {
+      const std::string query = target.substr(question + 1);
+      if (query.find("list-type=") != std::string::npos) return list(path, query);
+      last_query = query;  // a key read through a signed or token URL
+    }
     const bool head = method == "HEAD";
     if (method == "PUT") {
       objects_[path] = body;
@@ -238,7 +244,8 @@ class TestServer {
     }
     return reply(206, "Partial Content", value.substr(first, last - first + 1),
                  "Content-Range: bytes " + std::to_string(first) + "-" + std::to_string(last) +
-                     "/" + std::to_string(value.size()) + "\r\n");
+                     "/" + (unknown_total ? std::string("*") : std::to_string(value.size())) +
+                     "\r\n");
   }
 
   // ListObjectsV2 for the bucket `bucket`, two keys a page, the token being the last key given.
