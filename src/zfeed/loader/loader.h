@@ -318,6 +318,8 @@ class Loader {
   // input_type() and target_type()), synchronously.
   // With `memory` (whose buffers `inputs` and `targets` are), chunks may be handed over
   // compressed in memory->compressed (see LoaderSpec::pass_compressed).
+  // Not while next() is in use: it shares the decoded-chunk cache with the prefetch thread,
+  // which is for one thread at a time (call it on a loader whose batches are not iterated).
   void assemble(uint64_t epoch, std::span<const uint64_t> times, void* inputs, void* targets,
                 BatchMemory* memory = nullptr);
 
