@@ -780,6 +780,7 @@ Loader::Loader(LoaderSpec spec) : spec_(std::move(spec)), shared_(std::make_shar
   // Which arrays go through the decoded-chunk cache, and the time chunking that sets the order:
   // that of the cached arrays, or with order "chunks" of every array.
   uint64_t time_chunk = 1, any_time_chunk = 1, chunk_row_bytes = 0;
+  std::vector<std::pair<uint64_t, uint64_t>> cached_rows_of;  // (bytes, steps) of a time chunk
   read_chunks_.resize(arrays_.size());
   cached_.resize(arrays_.size());
   prefix_readable_.resize(arrays_.size());
@@ -800,7 +801,12 @@ Loader::Loader(LoaderSpec spec) : spec_(std::move(spec)), shared_(std::make_shar
     uint64_t row = chunk[0] * meta.dtype.size();
     for (size_t d = 1; d < meta.rank(); ++d)
       row *= (meta.shape[d] + chunk[d] - 1) / chunk[d] * chunk[d];
-    chunk_row_bytes += row;
+    cached_rows_of.emplace_back(row, chunk[0]);
+  }
+  // A row of the cache is one time chunk of the order (time_chunk steps, the largest): an array
+  // with shorter time chunks has several of its own in it.
+  for (const auto& [row, steps] : cached_rows_of) {
+    chunk_row_bytes += row * ((time_chunk + steps - 1) / steps);
   }
   // Arrays whose chunks may go to the consumer compressed: float32 planes, one whole plane per
   // chunk, no crop (the chunk is the plane in the batch).
