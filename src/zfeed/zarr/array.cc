@@ -35,7 +35,7 @@ std::vector<Piece> split(const Slice& slice, uint64_t chunk_size) {
     uint64_t chunk = position / chunk_size;
     uint64_t chunk_end =
         chunk + 1 > UINT64_MAX / chunk_size ? UINT64_MAX : (chunk + 1) * chunk_size;
-    uint64_t m = std::min((chunk_end - position + slice.step - 1) / slice.step, n - k);
+    uint64_t m = std::min((chunk_end - position - 1) / slice.step + 1, n - k);
     pieces.push_back({chunk, position - chunk * chunk_size, k, m});
     k += m;
   }
@@ -176,12 +176,31 @@ void read_region(const CodecChain& chain, const Source& source, const Region& re
   BoxRef out_box{out_shape, out_start};
   auto fill_region = [&] { fill_box(out, out_box, region.count, spec.fill.bytes.data(), item); };
 
-  if (const ShardingCodec* sharding = chain.sharding(); sharding != nullptr && !full) {
+  // A whole shard of a store of local files goes this way too: its inner chunks decode on the
+  // pool's threads, and each must map (and so guard against SIGBUS: store/mapped_read.h) the
+  // bytes it reads itself; a shard mapped by this thread and decoded on others is not guarded
+  // there. Elsewhere (memory, remote stores) a whole shard is one read, its bytes in memory.
+  const ShardingCodec* sharding = chain.sharding();
+  if (sharding != nullptr && (!full || source.store.local_path(source.key))) {
     // Read the index, then only the inner chunks the region touches.
     ScratchBuffer index_bytes;
     ByteRange index_range = sharding->index_at_end() ? ByteRange::suffix(sharding->index_size())
                                                      : ByteRange::range(0, sharding->index_size());
-    if (!source.fetch(index_range, index_bytes.bytes())) return fill_region();
+    bool found = false;
+    try {
+      found = source.fetch(index_range, index_bytes.bytes());
+    } catch (const Error&) {
+      // A shard shorter than its index: said as the sharding codec says it of a whole shard.
+      const std::optional<uint64_t> size =
+          source.windowed ? std::optional<uint64_t>(source.length) : source.store.size(source.key);
+      if (size && *size < sharding->index_size()) {
+        throw Error(source.where() + ": shard of " + std::to_string(*size) +
+                    " bytes is too short for its " + std::to_string(sharding->index_size()) +
+                    "-byte index");
+      }
+      throw;
+    }
+    if (!found) return fill_region();
     ShardIndex index;
     try {
       // Bound every entry by the shard's size, so a corrupt index is reported as such.

@@ -19,7 +19,7 @@ struct Slice {
   uint64_t start = 0;
   uint64_t stop = 0;
   uint64_t step = 1;
-  uint64_t count() const { return stop > start ? (stop - start + step - 1) / step : 0; }
+  uint64_t count() const { return stop > start ? (stop - start - 1) / step + 1 : 0; }
 };
 using Selection = std::vector<Slice>;
 
@@ -56,7 +56,10 @@ class Array {
   // chunks of all of them in one parallel pass: outs[i] receives selections[i].
   void read_many(std::span<const Selection> selections, std::span<void* const> outs) const;
   // Writes `in` (dense, C order, the selection's shape) into the selection. Chunks left holding
-  // only the fill value are removed.
+  // only the fill value are removed. A chunk (a whole shard where sharded) is written whole: one
+  // the selection covers in part is read, updated and written back, so writers working at once
+  // (threads, processes) must write disjoint sets of whole chunks (shards), as with
+  // zarr-python: two writing parts of one shard at once lose one's update.
   void write(const Selection& selection, const void* in) const;
 
   // Replaces the user attributes and rewrites the metadata.
