@@ -89,6 +89,11 @@ ShardIndex ShardingCodec::decode_index(ByteView index_bytes,
   for (size_t chunk = 0; chunk < num_inner_chunks_; ++chunk) {
     if (index.is_empty(chunk)) continue;
     uint64_t offset = index.offset(chunk), nbytes = index.nbytes(chunk);
+    if (offset == ShardIndex::kEmpty || nbytes == ShardIndex::kEmpty) {
+      throw Error("shard index entry for " + describe_inner(chunk) +
+                  " is half the empty marker (offset " + std::to_string(offset) + ", " +
+                  std::to_string(nbytes) + " bytes)");
+    }
     uint64_t end;
     bool overflow = __builtin_add_overflow(offset, nbytes, &end);
     if (overflow || (shard_size && end > *shard_size)) {

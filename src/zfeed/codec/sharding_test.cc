@@ -204,9 +204,18 @@ TEST(ShardingCodec, CorruptIndexesAreErrors) {
   message = testing::decode_error(chain, with_entry(1, UINT64_MAX - 2, 8));
   EXPECT_CONTAINS(message, "inner chunk [0, 1]");
   EXPECT_CONTAINS(message, "(overflow)");
-  // Only one half of the empty marker.
+  // Only one half of the empty marker, either half: an error even where the shard's size is
+  // not known to bound the entry (a store that cannot say it).
   message = testing::decode_error(chain, with_entry(0, ShardIndex::kEmpty, 8));
-  EXPECT_CONTAINS(message, "outside");
+  EXPECT_CONTAINS(message, "is half the empty marker");
+  for (const auto& [offset, nbytes] : {std::pair<uint64_t, uint64_t>{ShardIndex::kEmpty, 8},
+                                       std::pair<uint64_t, uint64_t>{0, ShardIndex::kEmpty}}) {
+    const Bytes half = with_entry(0, offset, nbytes);
+    EXPECT_CONTAINS(testing::error_of([&] {
+                      codec.decode_index(half.view().last(codec.index_size()), std::nullopt);
+                    }),
+                    "shard index entry for inner chunk [0, 0] is half the empty marker");
+  }
   // A wrong size for the inner chunk.
   message = testing::decode_error(chain, with_entry(2, 0, 7));
   EXPECT_CONTAINS(message, "inner chunk [1, 0]");

@@ -117,11 +117,15 @@ class FileStore final : public Store {
     // A file read before through a mapping kept since: a stat says whether it is still the file.
     if (std::shared_ptr<MappedFile> file = keeping ? MappedFiles::kept(path) : nullptr) {
       struct stat info {};
-      if (!stat_value(key, path, info)) return false;
-      if (file->maps(info)) {
+      const bool present = stat_value(key, path, info);
+      if (present && file->maps(info)) {
         std::optional<bool> done = read_kept(key, path, std::move(file), range, start, use);
         if (done) return *done;
+      } else {
+        // Gone or replaced: the old mapping must not hold the old file's pages and disk space.
+        MappedFiles::forget(path, file.get());
       }
+      if (!present) return false;
     }
     FileDescriptor fd(-1);
     struct stat info {};
@@ -199,7 +203,7 @@ class FileStore final : public Store {
     make_directories(directory, key);
     std::string name = path.substr(path.rfind('/') + 1);
     std::string temp = directory + "/." + name + std::string(kTempMarker) + "XXXXXX";
-    FileDescriptor fd(::mkstemp(temp.data()));
+    FileDescriptor fd(::mkostemp(temp.data(), O_CLOEXEC));  // not inherited by an exec
     if (fd.get() < 0)
       throw Error(where(key) + ": cannot create a temporary file: " + errno_text(errno));
     auto discard = [&](const std::string& why) {

@@ -228,8 +228,11 @@ void on_sigbus(int signal, siginfo_t* info, void* context) {
   } else if (previous_action.sa_handler != SIG_DFL && previous_action.sa_handler != SIG_IGN) {
     return previous_action.sa_handler(signal);
   }
-  // The default: put it back; the faulting instruction runs again and faults the usual way.
+  // The default: put it back; the faulting instruction runs again and faults the usual way. A
+  // SIGBUS sent by kill() or raise() (si_code <= 0) has no instruction to run again: it is sent
+  // once more, to be taken the default way too.
   ::sigaction(SIGBUS, &previous_action, nullptr);
+  if (info->si_code <= 0) ::raise(SIGBUS);
 }
 
 bool install_handler() {
