@@ -54,6 +54,14 @@ std::shared_ptr<Store> sample_hierarchy() {
   return store;
 }
 
+// `source`'s keys served over plain HTTP by `server` (a store that cannot list), opened.
+std::shared_ptr<Store> served(testing::TestServer& server, const Store& source) {
+  for (const auto& key : source.list("")) {
+    server.put("data/" + key, std::string(source.get(key)->as_string()));
+  }
+  return open_store(server.url() + "/data");
+}
+
 std::vector<float> read_all(const Array& array) {
   uint64_t count = 1;
   for (uint64_t extent : array.metadata().shape) count *= extent;
@@ -103,10 +111,7 @@ TEST(Stage, CopiesAListableStoreAndKnowsWhenItIsComplete) {
 TEST(Stage, CopiesAStoreThatCannotListFromItsMetadata) {
   auto source = sample_hierarchy();
   testing::TestServer server;
-  for (const auto& key : source->list("")) {
-    server.put("data/" + key, std::string(source->get(key)->as_string()));
-  }
-  auto remote = open_store(server.url() + "/data");
+  auto remote = served(server, *source);
   ASSERT_FALSE(remote->can_list());
   const auto keys = hierarchy_keys(remote);
   // The listing's keys, and the key of the shard never written.
@@ -317,10 +322,7 @@ TEST(Stage, ATimeRangeNeedsATimeDimensionItFits) {
 TEST(Stage, APartialCopyOfAStoreThatCannotList) {
   auto source = timed_hierarchy();
   testing::TestServer server;
-  for (const auto& key : source->list("")) {
-    server.put("data/" + key, std::string(source->get(key)->as_string()));
-  }
-  auto remote = open_store(server.url() + "/data");
+  auto remote = served(server, *source);
   TempDir dir;
   StageOptions options;
   options.time_range = {{3, 7}};
