@@ -2,8 +2,6 @@
 
 #include <charconv>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "zfeed/util/error.h"
 
@@ -227,18 +225,12 @@ std::optional<std::pair<Json, std::string>> enclosing_record(const Store& direct
   if (error) return std::nullopt;
   for (std::filesystem::path above = here.parent_path(); !above.empty();
        above = above.parent_path()) {
-    std::ifstream file(above / kStageRecord, std::ios::binary);
-    if (file) {
-      std::ostringstream text;
-      text << file.rdbuf();
-      try {
-        Json record = parse_json(text.str(), kStageRecord);
-        if (!record.is_object()) return std::nullopt;
-        return std::make_pair(std::move(record),
-                              std::filesystem::relative(here, above).generic_string() + "/");
-      } catch (const Error&) {
-        return std::nullopt;
-      }
+    if (std::filesystem::exists(above / kStageRecord, error)) {
+      // The nearest record decides, read as at a copy's root (unreadable: no staged copy).
+      auto record = read_stage_record(*make_file_store(above.string()));
+      if (!record) return std::nullopt;
+      return std::make_pair(std::move(*record),
+                            std::filesystem::relative(here, above).generic_string() + "/");
     }
     if (above == above.root_path()) break;
   }

@@ -24,15 +24,14 @@ struct StageArgs {
 // "START:STOP" (time indices) as the pair StageOptions takes.
 std::pair<uint64_t, uint64_t> parse_time_range(const std::string& text) {
   const size_t colon = text.find(':');
+  const Error malformed("stage: --time takes START:STOP, two time indices, got \"" + text + "\"");
+  if (colon == std::string::npos) throw malformed;
   auto number = [&](std::string_view part) {
     uint64_t value = 0;
     const auto [ptr, ec] = std::from_chars(part.data(), part.data() + part.size(), value);
-    if (part.empty() || ec != std::errc() || ptr != part.data() + part.size()) {
-      throw Error("stage: --time takes START:STOP, two time indices, got \"" + text + "\"");
-    }
+    if (part.empty() || ec != std::errc() || ptr != part.data() + part.size()) throw malformed;
     return value;
   };
-  if (colon == std::string::npos) number("");
   return {number(std::string_view(text).substr(0, colon)),
           number(std::string_view(text).substr(colon + 1))};
 }
