@@ -383,6 +383,57 @@ def test_each_node_stages_its_own_block_of_samples(s3, tmp_path):
         zfeed.open(tmp_path / "node1" / "era5.zarr")["t2m"][0]
 
 
+def test_a_loader_stages_in_the_background_while_it_serves_batches(s3, tmp_path, capfd):
+    """stage_in_background: batches at once (read from S3 and from what the copy holds), equal to
+    S3's; once the copy is done, the next epoch reads it alone, and it is a complete copy."""
+    local = tmp_path / "era5.zarr"
+    _era5_like(local)
+    _upload(s3["client"], local, "background/era5.zarr")
+    url = "s3://weather/background/era5.zarr"
+    destination = tmp_path / "node-local" / "era5.zarr"
+    kwargs = dict(inputs=["t2m", "u500"], targets=["z500"], batch_size=2, seed=5)
+    staging = zfeed.Loader(url, stage=destination, stage_in_background=True, **kwargs)
+    direct = zfeed.Loader(url, **kwargs)
+    first = _batches(staging)
+    assert first and all(np.array_equal(a[k], b[k]) for a, b in zip(first, _batches(direct)) for k in a)
+    deadline = time.monotonic() + 60
+    while staging.staged["running"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    done = staging.staged
+    assert done["running"] is False and done["copied"] > 0, done
+    second = _batches(staging)  # the copy alone
+    assert all(np.array_equal(a[k], b[k]) for a, b in zip(second, _batches(direct)) for k in a)
+    assert {k: v for k, v in _files(destination).items() if not k.startswith(".zfeed-stage")} == _files(local)
+    assert f"stage {destination}: " in capfd.readouterr().err
+    again = zfeed.Loader(url, stage=destination, stage_in_background=True, **kwargs)
+    assert again.staged["already_complete"] is True
+
+
+def test_ctrl_c_stops_a_stage_waiting_for_another_process(tmp_path):
+    """zfeed.stage waits while another process of the node holds the copy's lock; Ctrl-C (SIGINT)
+    ends that wait with KeyboardInterrupt, as it would a copy under way."""
+    import fcntl
+    import signal
+
+    source = tmp_path / "era5.zarr"
+    _era5_like(source)
+    destination = tmp_path / "copy.zarr"
+    destination.mkdir()
+    with open(destination / ".zfeed-stage.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        script = ("import sys, zfeed\nprint('staging', flush=True)\n"
+                  f"zfeed.stage({str(source)!r}, {str(destination)!r}, progress=False)\n")
+        process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True)
+        assert process.stdout.readline() == "staging\n"
+        time.sleep(1.0)
+        assert process.poll() is None  # still waiting for the lock
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=30)
+    assert process.returncode != 0
+    assert "KeyboardInterrupt" in err, err
+
+
 def test_stage_a_time_range_from_the_command_line(s3, tmp_path):
     local = tmp_path / "era5.zarr"
     _era5_like(local)

@@ -10,6 +10,7 @@
 #include <nanobind/stl/variant.h>
 #include <nanobind/stl/vector.h>
 
+#include "_interrupt.h"
 #include "zfeed/codec/sharding.h"
 #include "zfeed/ingest/source.h"
 #include "zfeed/store/store.h"
@@ -251,23 +252,20 @@ NB_MODULE(_core, m) {
   m.def(
       "stage",
       [](std::shared_ptr<zfeed::Store> source, const std::string& destination, size_t threads,
-         nb::object progress, std::optional<std::pair<uint64_t, uint64_t>> time_range,
+         bool progress, std::optional<std::pair<uint64_t, uint64_t>> time_range,
          const std::string& time_dim) {
         zfeed::zarr::StageOptions options;
         options.threads = threads;
         options.time_range = time_range;
         options.time_dim = time_dim;
-        if (!progress.is_none()) {
-          options.progress = [&progress](const zfeed::zarr::StageProgress& p) {
-            nb::gil_scoped_acquire acquire;
-            progress(p.keys_done, p.keys_total, p.bytes_copied, p.seconds);
-          };
-        }
+        if (progress) options.progress = zfeed::zarr::stage_progress_printer("stage");
+        options.stop = python_interrupt_check();  // Ctrl-C
         zfeed::zarr::StageResult result;
         {
           nb::gil_scoped_release release;  // copies for minutes; other threads go on
           result = zfeed::zarr::stage(std::move(source), destination, options);
         }
+        raise_if_interrupted();
         nb::dict out;
         out["keys"] = result.keys;
         out["copied"] = result.copied;
@@ -281,7 +279,7 @@ NB_MODULE(_core, m) {
                            : nb::none();
         return out;
       },
-      "source"_a, "destination"_a, "threads"_a = 0, "progress"_a = nb::none(),
+      "source"_a, "destination"_a, "threads"_a = 0, "progress"_a = true,
       "time_range"_a = nb::none(), "time_dim"_a = "time");
 
   m.def("open_node", &zfeed::zarr::open_node, "store"_a, "path"_a = "",

@@ -278,15 +278,16 @@ void bind_cuda(nb::module_& m) {
          "__init__",
          [](DeviceLoader* self, std::shared_ptr<zfeed::Store> store, const std::string& spec,
             int device, uint64_t depth, const std::string& decode, const std::string& gds,
-            nb::object stage_progress) {
+            bool stage_progress) {
            auto parsed = zfeed::loader::LoaderSpec::from_json(
                std::move(store), zfeed::parse_json(spec, "loader spec from Python"));
-           parsed.stage_progress = stage_progress_callback(stage_progress);
-           nb::gil_scoped_release release;
-           new (self) DeviceLoader(std::move(parsed), {device, depth, decode, gds});
+           python_staging(parsed, stage_progress);
+           construct_releasing_gil([&] {
+             new (self) DeviceLoader(std::move(parsed), {device, depth, decode, gds});
+           });
          },
          "store"_a, "spec"_a, "device"_a = 0, "depth"_a = 2, "decode"_a = "cpu", "gds"_a = "",
-         "stage_progress"_a = nb::none())
+         "stage_progress"_a = true)
       .def("next",
            [](DeviceLoader& loader) -> nb::object {
              std::optional<DeviceBatch> batch;

@@ -70,14 +70,13 @@ void bind_loader(nb::module_& m) {
   cls.def(
          "__init__",
          [](Loader* self, std::shared_ptr<zfeed::Store> store, const std::string& spec,
-            nb::object stage_progress) {
+            bool stage_progress) {
            auto parsed = zfeed::loader::LoaderSpec::from_json(
                std::move(store), zfeed::parse_json(spec, "loader spec from Python"));
-           parsed.stage_progress = stage_progress_callback(stage_progress);
-           nb::gil_scoped_release release;  // a remote store's reads wait on the network
-           new (self) Loader(std::move(parsed));
+           python_staging(parsed, stage_progress);
+           construct_releasing_gil([&] { new (self) Loader(std::move(parsed)); });
          },
-         "store"_a, "spec"_a, "stage_progress"_a = nb::none())
+         "store"_a, "spec"_a, "stage_progress"_a = true)
       .def("next",
            [](Loader& loader) -> nb::object {
              std::optional<Batch> batch;

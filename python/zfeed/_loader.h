@@ -12,7 +12,9 @@
 #include <string>
 #include <vector>
 
+#include "_interrupt.h"
 #include "zfeed/loader/loader.h"
+#include "zfeed/util/error.h"
 #include "zfeed/util/json.h"
 
 inline std::string channels_json(const std::vector<zfeed::loader::Channel>& channels) {
@@ -36,27 +38,40 @@ inline std::string channels_json(const std::vector<zfeed::loader::Channel>& chan
   return out.dump();
 }
 
-// A staging progress callback that calls `progress(keys_done, keys_total, bytes_copied, seconds)`
-// with the GIL held (staging runs with it released); empty for None. The function may be copied
-// and dropped without the GIL: it holds the callable through a shared pointer whose last owner
-// takes the GIL to release it.
-inline std::function<void(const zfeed::zarr::StageProgress&)> stage_progress_callback(
-    nanobind::object progress) {
-  if (progress.is_none()) return {};
-  std::shared_ptr<nanobind::object> held(new nanobind::object(std::move(progress)),
-                                         [](nanobind::object* callable) {
-                                           nanobind::gil_scoped_acquire acquire;
-                                           delete callable;
-                                         });
-  return [held](const zfeed::zarr::StageProgress& p) {
-    nanobind::gil_scoped_acquire acquire;
-    (*held)(p.keys_done, p.keys_total, p.bytes_copied, p.seconds);
-  };
+// LoaderSpec's staging settings from the Python side: progress lines on stderr (C++'s: they need no
+// GIL, so a copy in the background never waits on Python) and Ctrl-C stopping a copy made
+// before the first batch.
+inline void python_staging(zfeed::loader::LoaderSpec& spec, bool progress) {
+  if (progress && !spec.stage_dir.empty()) {
+    spec.stage_progress = zfeed::zarr::stage_progress_printer("stage " + spec.stage_dir);
+  }
+  spec.stage_stop = python_interrupt_check();
+}
+
+// Makes a loader with the GIL released (staging, a remote store's reads wait on the network);
+// where Ctrl-C stopped its staging, raises KeyboardInterrupt rather than the loader's error.
+template <typename Make>
+void construct_releasing_gil(Make make) {
+  try {
+    nanobind::gil_scoped_release release;
+    make();
+  } catch (const zfeed::Error&) {
+    raise_if_interrupted();
+    throw;
+  }
 }
 
 // What staging did (LoaderSpec::stage_dir) as JSON, or "null" where the loader staged nothing.
 inline std::string staged_json(const zfeed::loader::Loader& loader) {
-  const auto& staged = loader.staged();
+  if (const auto progress = loader.staging_progress()) {
+    return zfeed::Json{{"running", true},
+                       {"keys_done", progress->keys_done},
+                       {"keys", progress->keys_total},
+                       {"bytes_copied", progress->bytes_copied},
+                       {"seconds", progress->seconds}}
+        .dump();
+  }
+  const auto staged = loader.staged();
   if (!staged) return "null";
   zfeed::Json out = {{"keys", staged->keys},
                      {"copied", staged->copied},
@@ -64,7 +79,8 @@ inline std::string staged_json(const zfeed::loader::Loader& loader) {
                      {"missing", staged->missing},
                      {"bytes_copied", staged->bytes_copied},
                      {"seconds", staged->seconds},
-                     {"already_complete", staged->already_complete}};
+                     {"already_complete", staged->already_complete},
+                     {"running", false}};
   out["time_range"] =
       staged->partial ? zfeed::Json{staged->partial->start, staged->partial->stop} : zfeed::Json();
   return out.dump();

@@ -630,9 +630,8 @@ def stage(source, destination, threads: int | None = None, progress: bool = True
     ``time_range=(start, stop)``: only those time steps of the arrays whose first dimension is
     ``time_dim`` (the chunks that hold them; 1-D coordinates and everything else whole): a partial
     copy, which refuses reads of the chunks it does not hold (a loader on it keeps to its steps).
-    ``progress`` prints a progress line to stderr."""
-    from .loader import _stage_progress
-
+    ``progress`` prints a progress line to stderr; Ctrl-C stops the copy (a later call goes on
+    from there)."""
     steps = None
     if time_range is not None:
         if isinstance(time_range, (slice, range)):
@@ -642,7 +641,7 @@ def stage(source, destination, threads: int | None = None, progress: bool = True
             raise _core.ZarrError(f"stage: time_range is (start, stop) of time indices, got {time_range!r}")
         steps = (int(time_range[0]), int(time_range[1]))
     _core.stage(_store(source), os.fspath(destination), int(threads or 0),
-                _stage_progress("stage") if progress else None, steps, str(time_dim))
+                bool(progress), steps, str(time_dim))
     return Path(os.fspath(destination))
 
 

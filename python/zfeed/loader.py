@@ -109,28 +109,6 @@ def node_layout(rank: int, world_size: int, local_world_size: int | None = None)
     return rank // local_world_size, world_size // local_world_size, rank % local_world_size, local_world_size
 
 
-def _stage_progress(prefix: str):
-    """A progress printer for staging (stderr, at most twice a second); silent in a process
-    that found the copy already made, or waited while another process of its node made it."""
-    import sys
-    import time
-
-    last = [0.0, False]
-
-    def show(done, total, copied, seconds):
-        now = time.monotonic()
-        if done == total and not last[1] and copied == 0:
-            return  # nothing copied here: the copy was there
-        if now - last[0] < 0.5 and done < total:
-            return
-        last[0], last[1] = now, True
-        rate = copied / seconds / 1e6 if seconds > 0 else 0.0
-        print(f"\r{prefix}: {done}/{total} keys, {copied / 2**20:.1f} MiB copied, {rate:.1f} MB/s   ",
-              end="" if done < total else "\n", file=sys.stderr, flush=True)
-
-    return show
-
-
 def _device(device: Any) -> int | None:
     """None for the CPU, else the CUDA device index after checking that CUDA works ("cuda" is
     torch's current device where torch is loaded, else device 0)."""
@@ -275,7 +253,14 @@ class Loader:
     steps of its samples, of the arrays along time; the rest of the store whole) and then reads
     the copy; resumable, and the processes of a node share one copy (see :func:`zfeed.stage`);
     ``{node}`` in it becomes the node's index (for nodes that stage to one shared file system).
-    Progress goes to stderr unless ``stage_progress=False``; ``staged`` says what was done.
+    Progress goes to stderr unless ``stage_progress=False``; ``staged`` says what was done; Ctrl-C
+    stops the copy (the next loader goes on from there).
+    ``stage_in_background``: make the copy on a thread of the loader's while the batches come at
+    once, read from the source and from what the copy holds already (the first epoch then runs
+    at the source's speed, and no rank waits for its node's copy, which on a cluster could
+    outlast the process group's timeout); the epochs that start once the copy is done read the
+    copy alone. ``staged`` shows the copy's progress meanwhile; a copy that fails ends the
+    iteration with its error.
     ``partition``: "global" (every rank draws from all samples) or "node": the samples split into
     one contiguous block of equal count per node (the remainder left out), the ranks of a node
     sharing their node's block, shuffled within it each epoch; with ``stage`` each node copies
@@ -294,7 +279,8 @@ class Loader:
                  device: str = "cpu", framework: str = "torch", device_buffers: int = 3, decode: str = "cpu",
                  gds: str | None = None, time_range=None, fill_nan: float | None = None,
                  stage: str | os.PathLike | None = None, partition: str = "global",
-                 local_world_size: int | None = None, stage_progress: bool = True):
+                 local_world_size: int | None = None, stage_progress: bool = True,
+                 stage_in_background: bool = False):
         if decode not in ("cpu", "gpu", "auto"):
             raise _core.ZarrError(f"loader: decode must be 'cpu', 'gpu' or 'auto', got {decode!r}")
         if gds not in (None, "auto", "on", "off"):
@@ -343,6 +329,7 @@ class Loader:
             "nodes": nodes,
             # "{node}" in the path: the node's index, for nodes that share one file system.
             "stage_dir": os.fspath(stage).replace("{node}", str(node)) if stage is not None else None,
+            "stage_in_background": bool(stage_in_background),
             "drop_last": bool(drop_last),
             "normalize": normalize is not False,
             "prefetch": int(prefetch),
@@ -362,7 +349,7 @@ class Loader:
                 raise _core.ZarrError(f"loader: {name} must not be negative, got {spec[name]}")
         if spec["cache_bytes"] is not None and spec["cache_bytes"] < 0:
             raise _core.ZarrError(f"loader: cache_bytes must not be negative, got {spec['cache_bytes']}")
-        progress = _stage_progress(f"stage {os.fspath(stage)}") if stage is not None and stage_progress else None
+        progress = bool(stage_progress)
         if self._device is None:
             self._core = _core.Loader(core_store, json.dumps(spec), progress)
         else:
@@ -421,8 +408,9 @@ class Loader:
     @property
     def staged(self) -> dict | None:
         """With ``stage``: keys, copied, present, missing, bytes_copied, seconds,
-        already_complete and time_range (the steps copied, or None for the whole store); else
-        None."""
+        already_complete, time_range (the steps copied, or None for the whole store) and
+        running (False); while a copy runs in the background (``stage_in_background``):
+        running (True), keys_done, keys, bytes_copied and seconds so far; else None."""
         return json.loads(self._core.staged_json())
 
     @property

@@ -650,6 +650,9 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     d.add_argument("--stage-dir", help="a node-local directory: copy the store's training data there first "
                                        "(resumable; one copy per node; {node} in it becomes the node's index) "
                                        "and train from the copy")
+    d.add_argument("--stage-in-background", action="store_true",
+                   help="with --stage-dir: train at once, reading the store while the copy is made, and "
+                        "from the copy alone in the epochs that start after it is done")
     d.add_argument("--partition", choices=("global", "node"), default="global",
                    help="global: every rank draws from all training samples; node: each node trains on "
                         "its own contiguous block of them (with --stage-dir, copying only its block)")
@@ -665,8 +668,9 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def loader_placement(args) -> dict:
-    """The Loader arguments of --stage-dir and --partition."""
-    return {"stage": args.stage_dir, "partition": args.partition}
+    """The Loader arguments of --stage-dir, --stage-in-background and --partition."""
+    return {"stage": args.stage_dir, "stage_in_background": bool(args.stage_in_background),
+            "partition": args.partition}
 
 
 def parse_list(text: str, allowed: Sequence[str], what: str) -> list[str]:

@@ -460,7 +460,7 @@ bool DeviceLoader::enqueue() {
       list[p].dst = dst.data() + p * plane * output_size(out);
       list[p].count = plane;
       list[p].type = src_type;
-      if (!labels) list[p].normalization = meta[p % channels].normalization();
+      if (!labels) list[p].normalization = meta[p % channels].deferred_normalization();
     }
     return list;
   };

@@ -50,7 +50,7 @@ void decode_from(const CfDecoding& plan, const void* in, void* out, size_t count
 
 }  // namespace
 
-CfDecoding plan_cf_decoding(const Variable& variable) {
+CfDecoding plan_cf_decoding(const Variable& variable, const std::string& source_path) {
   CfDecoding plan;
   plan.input = variable.dtype;
   plan.output = variable.dtype;
@@ -58,14 +58,18 @@ CfDecoding plan_cf_decoding(const Variable& variable) {
   const Json& attrs = variable.attributes;
   const bool packed = attrs.contains("scale_factor") || attrs.contains("add_offset");
   const bool masked = attrs.contains("_FillValue") || attrs.contains("missing_value");
-  if (!packed && !masked) return plan;
+  const bool unsigned_flag = attrs.contains("_Unsigned");
+  if (!packed && !masked && !unsigned_flag) return plan;
   const bool numeric = variable.dtype.is_integer() || variable.dtype.is_float();
   if (!numeric || variable.dtype.id == DataTypeId::kFloat16 ||
       variable.dtype.id == DataTypeId::kBFloat16) {
     return plan;  // left as stored
   }
+  plan.encoding =
+      zarr::cf_encoding(variable.dtype, attrs,
+                        source_path.empty() ? variable.name : source_path + ": " + variable.name);
+  if (!packed && !masked && plan.encoding.wrap == 0.0) return plan;  // _Unsigned on no signed type
   plan.active = true;
-  plan.encoding = zarr::cf_encoding(variable.dtype, attrs, variable.name);
   if (packed) {
     plan.output = DataType{DataTypeId::kFloat32};
   } else if (variable.dtype.is_integer()) {
@@ -73,7 +77,8 @@ CfDecoding plan_cf_decoding(const Variable& variable) {
     plan.output =
         DataType{variable.dtype.size() <= 2 ? DataTypeId::kFloat32 : DataTypeId::kFloat64};
   }
-  for (const char* name : {"scale_factor", "add_offset", "_FillValue", "missing_value"}) {
+  for (const char* name :
+       {"scale_factor", "add_offset", "_FillValue", "missing_value", "_Unsigned"}) {
     plan.attributes.erase(name);
   }
   return plan;

@@ -27,6 +27,6 @@ struct CfDecoding {
 
 // Plans the decoding of a variable from its data type and attributes. Throws zfeed::Error for
 // malformed CF attributes (a non-numeric scale_factor).
-CfDecoding plan_cf_decoding(const Variable& variable);
+CfDecoding plan_cf_decoding(const Variable& variable, const std::string& source_path = "");
 
 }  // namespace zfeed::ingest

@@ -162,7 +162,7 @@ void append_as_double(const uint8_t* bytes, size_t n, std::vector<double>& out) 
 
 // A 1-D variable's values, CF-decoded, as doubles (for matching --sel values and naming channels).
 std::vector<double> coordinate_values(const Source& source, const Variable& variable) {
-  CfDecoding cf = plan_cf_decoding(variable);
+  CfDecoding cf = plan_cf_decoding(variable, source.path());
   std::vector<uint8_t> raw = read_all(source, variable);
   const size_t n = variable.shape.empty() ? 1 : variable.shape[0];
   std::vector<uint8_t> decoded(n * cf.output.size());
@@ -978,8 +978,8 @@ ConvertResult convert(const ConvertOptions& options) {
     return parts;
   };
   // The decoding of a part: CF as xarray does it, or none when rechunking.
-  auto decoding_of = [&](const Variable& variable) {
-    if (!options.rechunk) return plan_cf_decoding(variable);
+  auto decoding_of = [&](const Source& source, const Variable& variable) {
+    if (!options.rechunk) return plan_cf_decoding(variable, source.path());
     CfDecoding none;
     none.input = none.output = variable.dtype;
     none.attributes = variable.attributes;
@@ -1017,7 +1017,7 @@ ConvertResult convert(const ConvertOptions& options) {
       Piece piece;
       piece.source = part.source;
       piece.variable = part.variable;
-      piece.cf = decoding_of(*part.variable);
+      piece.cf = decoding_of(*part.source, *part.variable);
       piece.out_lo.assign(variable.rank(), 0);
       piece.out_hi = output.shape;
       if (parts.size() > 1) {
@@ -1117,7 +1117,7 @@ ConvertResult convert(const ConvertOptions& options) {
           Piece piece;
           piece.source = part.source;
           piece.variable = part.variable;
-          piece.cf = decoding_of(*part.variable);
+          piece.cf = decoding_of(*part.source, *part.variable);
           // Every channel is float32: a cast where the values are not decoded to float32 already.
           if (piece.cf.output.id != DataTypeId::kFloat32) {
             piece.cf.active = true;

@@ -87,7 +87,14 @@ struct CfUnpack {
   double offset = 0.0;
   double missing[kMaxMissing] = {};
   unsigned missing_count = 0;
+  // 2^bits for signed integers stored as unsigned (_Unsigned = "true"): a negative raw value
+  // is raw + wrap. 0: none.
+  double wrap = 0.0;
+  ZFEED_HOST_DEVICE double unsigned_raw(double raw) const {
+    return wrap != 0.0 && raw < 0.0 ? raw + wrap : raw;
+  }
   ZFEED_HOST_DEVICE bool is_missing(double raw) const {
+    raw = unsigned_raw(raw);
     bool found = false;
     for (unsigned i = 0; i < missing_count; ++i) found |= raw == missing[i];
     return found;
@@ -99,6 +106,7 @@ struct CfUnpack {
       std::memcpy(&out, &quiet_nan, sizeof out);
       return out;
     }
+    raw = unsigned_raw(raw);
 #if defined(__CUDA_ARCH__)
     return static_cast<float>(__dadd_rn(__dmul_rn(raw, scale), offset));  // no FMA: as the host
 #else

@@ -34,6 +34,23 @@ namespace zfeed::loader {
 
 namespace {
 
+// Whether float32 holds every value of `type` exactly (the deferred batches' element type).
+bool float32_holds_exactly(DataType type) {
+  switch (type.id) {
+    case DataTypeId::kBool:
+    case DataTypeId::kInt8:
+    case DataTypeId::kUInt8:
+    case DataTypeId::kInt16:
+    case DataTypeId::kUInt16:
+    case DataTypeId::kFloat16:
+    case DataTypeId::kBFloat16:
+    case DataTypeId::kFloat32:
+      return true;
+    default:
+      return false;
+  }
+}
+
 using Clock = std::chrono::steady_clock;
 
 uint64_t elapsed_ns(Clock::time_point since) {
@@ -202,6 +219,7 @@ LoaderSpec LoaderSpec::from_json(std::shared_ptr<Store> store, const Json& json)
   uint_field("epoch", spec.epoch);
   bool_field("shuffle", spec.shuffle);
   bool_field("drop_last", spec.drop_last);
+  bool_field("stage_in_background", spec.stage_in_background);
   bool_field("normalize", spec.normalize);
   if (json.contains("fill_nan") && !json["fill_nan"].is_null()) {
     const Json& value = json["fill_nan"];
@@ -435,7 +453,7 @@ Loader::Loader(LoaderSpec spec) : spec_(std::move(spec)), shared_(std::make_shar
   }
   const std::string where = spec_.store->url() + (spec_.path.empty() ? "" : "/" + spec_.path);
 
-  std::vector<std::string> names;  // per array: its path in the group
+  std::vector<std::string>& names = array_names_;
   auto open_array = [&](const std::string& name) -> size_t {
     for (size_t i = 0; i < names.size(); ++i) {
       if (names[i] == name) return i;
@@ -648,6 +666,7 @@ Loader::Loader(LoaderSpec spec) : spec_(std::move(spec)), shared_(std::make_shar
       unpack.active = cf.active();
       unpack.scale = cf.scale;
       unpack.offset = cf.offset;
+      unpack.wrap = cf.wrap;
       for (const double m : cf.missing) unpack.missing[unpack.missing_count++] = m;
       // An integer target without statistics is a label (a segmentation mask); with statistics,
       // or CF-packed, it is a physical quantity, normalized like any other.
@@ -675,6 +694,10 @@ Loader::Loader(LoaderSpec spec) : spec_(std::move(spec)), shared_(std::make_shar
           channel.nan_value = *spec_.fill_nan;
         }
         channel.unpack = unpack;
+        // Deferred, the consumer gets float32 values: where those would round the stored ones
+        // (wide integers, float64), the host decodes CF first, from the exact value.
+        channel.unpack_on_host =
+            spec_.defer_normalization && unpack.active && !float32_holds_exactly(meta.dtype);
         if (is_static) {
           channel.is_static = true;
           static_channels.push_back(channel);
@@ -697,7 +720,7 @@ Loader::Loader(LoaderSpec spec) : spec_(std::move(spec)), shared_(std::make_shar
   // The samples' time span must fit the axis (checked before a channel is made per history step).
   time_extent_ = arrays_[*reference].metadata().shape[0];
   resolve_time_range();
-  if (!spec_.stage_dir.empty()) stage_and_reopen(names, *reference);
+  if (!spec_.stage_dir.empty()) stage_and_reopen(*reference);
   for (uint64_t h = 0; h < spec_.history; ++h) {
     for (Channel channel : step_channels) {
       channel.time_offset = -static_cast<int64_t>((spec_.history - 1 - h) * spec_.history_step);
@@ -888,7 +911,7 @@ Loader::Loader(LoaderSpec spec) : spec_(std::move(spec)), shared_(std::make_shar
     }
     plane.values.resize(count * output_size(assembled_input_type()));
     cast_values(raw.data(), array.metadata().dtype, plane.values.data(), assembled_input_type(),
-                count, spec_.defer_normalization ? Normalization{} : channel.normalization());
+                count, channel.host_normalization(spec_.defer_normalization));
   }
 
   auto in = input_shape(), out = target_shape();
@@ -903,6 +926,7 @@ Loader::Loader(LoaderSpec spec) : spec_(std::move(spec)), shared_(std::make_shar
 
 Loader::~Loader() {
   stop_producer();
+  background_.reset();  // stops a copy in the background (a later loader goes on from there)
   std::lock_guard lock(live_loaders_mutex());
   auto& loaders = live_loaders();
   loaders.erase(std::remove(loaders.begin(), loaders.end(), shared_.get()), loaders.end());
@@ -1000,7 +1024,7 @@ void Loader::plan_pieces(uint64_t epoch, std::span<const uint64_t> times, void* 
     // Deferred, the consumer normalizes (unpacking too) from the raw values; labels are
     // never normalized, their missing values become kIgnoreLabel here.
     const Normalization normalization =
-        spec_.defer_normalization && !source.label ? Normalization{} : channel.normalization();
+        channel.host_normalization(spec_.defer_normalization && !source.label);
     Piece piece{source.array, time, source.level, origin[0], origin[1], dst, out, normalization};
     (cached_[source.array] ? cached : direct).push_back(piece);
   };
@@ -1647,6 +1671,7 @@ void Loader::stop_producer() {
 }
 
 std::optional<Batch> Loader::next() {
+  check_background_stage(!producer_);
   if (position_ >= batches_per_epoch()) {
     stop_producer();
     finished_ = true;
@@ -1775,9 +1800,53 @@ void Loader::resolve_time_range() {
   }
 }
 
+// A copy made on a thread of the loader's (LoaderSpec::stage_in_background).
+struct Loader::BackgroundStage {
+  std::shared_ptr<Store> source;
+  std::atomic<bool> stop{false};
+  // Taken by the thread only while it holds a fork pass, so a forked child finds it free.
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool started = false, done = false;  // under mutex
+  // Where the finished thread parks until end() lets it exit.
+  std::mutex park_mutex;
+  std::condition_variable park_cv;
+  bool may_exit = false;         // under park_mutex
+  zarr::StageProgress progress;  // the latest
+  std::optional<zarr::StageResult> result;
+  std::exception_ptr error;
+  std::unique_ptr<std::thread> thread;
+  int pid = 0;  // the process that started the thread (a forked child has none)
+
+  ~BackgroundStage() { end(); }
+
+  // Stops the copy where it is running, lets the thread go and joins it (it parks when done, so
+  // that its exit never overlaps a fork); in a forked child, where it does not exist, only
+  // forgets it.
+  void end() {
+    if (!thread) return;
+    if (pid != ::getpid()) {
+      (void)thread.release();
+      return;
+    }
+    stop = true;
+    {
+      ForkGate::Pass pass;  // held while the thread exits: no fork meanwhile
+      {
+        std::lock_guard lock(park_mutex);
+        may_exit = true;
+      }
+      park_cv.notify_all();
+      thread->join();
+    }
+    thread.reset();
+  }
+};
+
 // Copies what the loader reads (its time span of the arrays along time, the rest whole) to
-// spec_.stage_dir, then reads the copy: the arrays are opened again from it.
-void Loader::stage_and_reopen(const std::vector<std::string>& names, size_t reference) {
+// spec_.stage_dir, then reads the copy: the arrays are opened again from it. In the background
+// (where no complete copy is there yet): reads through to the source meanwhile.
+void Loader::stage_and_reopen(size_t reference) {
   zarr::StageOptions options;
   options.progress = spec_.stage_progress;
   if (time_start_ != 0 || time_stop_ != time_extent_) {
@@ -1785,19 +1854,121 @@ void Loader::stage_and_reopen(const std::vector<std::string>& names, size_t refe
     if (!meta.dimension_names || !(*meta.dimension_names)[0]) {
       throw Error("loader: staging time steps [" + std::to_string(time_start_) + ", " +
                   std::to_string(time_stop_) + ") needs the time dimension's name, and '" +
-                  names[reference] + "' has no dimension names");
+                  array_names_[reference] + "' has no dimension names");
     }
     options.time_range = {time_start_, time_stop_};
     options.time_dim = *(*meta.dimension_names)[0];
   }
+  spec_.stage_progress = nullptr;  // not needed again
+  if (spec_.stage_in_background &&
+      !zarr::stage_is_complete(spec_.store, spec_.stage_dir, options)) {
+    start_background_stage(std::move(options));
+    return;
+  }
   // The store's whole hierarchy is staged (the loader's group may be part of it).
+  options.stop = std::move(spec_.stage_stop);
   staged_ = zarr::stage(spec_.store, spec_.stage_dir, options);
-  spec_.stage_progress = nullptr;  // not needed again (and may hold a Python callable)
+  if (staged_->stopped) {
+    throw Error("loader: staging " + spec_.store->url() + " to " + spec_.stage_dir +
+                " was stopped before it was done (the next loader staging there goes on from "
+                "where it stopped)");
+  }
   spec_.store = open_store(spec_.stage_dir);
   pool_ = &ThreadPool::for_reads(spec_.store->read_concurrency());
+  reopen_arrays();
+}
+
+void Loader::reopen_arrays() {
   for (size_t a = 0; a < arrays_.size(); ++a) {
-    arrays_[a] = zarr::Array::open(spec_.store, zarr::join_key(spec_.path, names[a]));
+    arrays_[a] = zarr::Array::open(spec_.store, zarr::join_key(spec_.path, array_names_[a]));
   }
+}
+
+void Loader::start_background_stage(zarr::StageOptions options) {
+  background_ = std::make_unique<BackgroundStage>();
+  BackgroundStage* stage = background_.get();  // outlives the thread: end() joins it
+  stage->source = spec_.store;
+  FileStoreOptions create;
+  create.create = true;
+  spec_.store = make_read_through_store(stage->source, make_file_store(spec_.stage_dir, create));
+  reopen_arrays();
+  // The loader's reads run on the same pool as the copy's: in rounds, which they come between.
+  options.share_pool = true;
+  options.stop = [stage] { return stage->stop.load(); };
+  options.progress = [stage, report = std::move(options.progress)](const zarr::StageProgress& p) {
+    {
+      std::lock_guard lock(stage->mutex);
+      stage->progress = p;
+    }
+    if (report) report(p);
+  };
+  // Held until the thread runs: its start-up is outside the fork gate (see start_producer).
+  ForkGate::Pass pass;
+  stage->pid = ::getpid();
+  stage->thread = std::make_unique<std::thread>(
+      [stage, directory = spec_.stage_dir, options = std::move(options)] {
+        {
+          std::lock_guard lock(stage->mutex);
+          stage->started = true;
+        }
+        stage->cv.notify_all();
+        {
+          ForkGate::Pass working;
+          std::optional<zarr::StageResult> result;
+          std::exception_ptr error;
+          try {
+            result = zarr::stage(stage->source, directory, options);
+          } catch (...) {
+            error = std::current_exception();
+          }
+          std::lock_guard lock(stage->mutex);
+          stage->result = std::move(result);
+          stage->error = error;
+          stage->done = true;
+        }
+        // Parked, holding no pass, until end() lets it go while holding one.
+        std::unique_lock park(stage->park_mutex);
+        stage->park_cv.wait(park, [&] { return stage->may_exit; });
+      });
+  std::unique_lock lock(stage->mutex);
+  stage->cv.wait(lock, [&] { return stage->started; });
+}
+
+void Loader::check_background_stage(bool idle) {
+  if (!background_) return;
+  {
+    std::lock_guard lock(background_->mutex);
+    if (!background_->done) return;
+    if (background_->error) {
+      try {
+        std::rethrow_exception(background_->error);
+      } catch (const std::exception& e) {
+        throw Error("loader: staging " + background_->source->url() + " to " + spec_.stage_dir +
+                    " in the background failed: " + e.what());
+      }
+    }
+  }
+  if (!idle) return;
+  // Done: from now on the copy alone (local files, read on the cores' pool).
+  background_->end();
+  staged_ = background_->result;
+  spec_.store = open_store(spec_.stage_dir);
+  pool_ = &ThreadPool::for_reads(spec_.store->read_concurrency());
+  reopen_arrays();
+  background_.reset();
+}
+
+std::optional<zarr::StageResult> Loader::staged() const {
+  if (!background_) return staged_;
+  std::lock_guard lock(background_->mutex);
+  return background_->result;  // set once the copy is done
+}
+
+std::optional<zarr::StageProgress> Loader::staging_progress() const {
+  if (!background_) return std::nullopt;
+  std::lock_guard lock(background_->mutex);
+  if (background_->done) return std::nullopt;
+  return background_->progress;
 }
 
 // ---------------------------------------------------------------------------------------------

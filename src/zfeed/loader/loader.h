@@ -120,7 +120,17 @@ struct LoaderSpec {
   // copy gives the time steps it holds as the default time_range, and refuses others.
   std::string stage_dir;
   std::function<void(const zarr::StageProgress&)> stage_progress;  // StageOptions::progress
-  bool drop_last = true;                                           // see SamplerOptions::drop_last
+  // StageOptions::stop for a copy made before the first batch (Ctrl-C): where it stops the
+  // copy, the constructor throws (the copy resumes with the next loader).
+  std::function<bool()> stage_stop;
+  // Copy to stage_dir on a thread of the loader's while its batches come from the store and from
+  // what the copy holds already (store/staged_copy.h's read-through store), instead of copying
+  // first: the first batch comes at once (no rank waits for its node's copy, which could outlast
+  // a process group's timeout), and the copy alone serves the epochs that start after it is
+  // done. A copy that fails ends the iteration with its error. Where stage_dir holds a complete
+  // copy already, it is read as without this.
+  bool stage_in_background = false;
+  bool drop_last = true;  // see SamplerOptions::drop_last
   // Normalize with the given statistics, else with the "zfeed_stats" attribute
   // ({"mean": m, "std": s}, numbers or one per level), else leave the channel as it is.
   bool normalize = true;
@@ -156,7 +166,7 @@ struct LoaderSpec {
   // "crop": [lat_start, lat_size, lon_start, lon_size],
   // "random_crop": [lat_size, lon_size], "dtype", "stacked", "order", "window", "cache_bytes",
   // "batch_size", "shuffle", "seed", "rank", "world_size", "node", "nodes", "stage_dir",
-  // "drop_last", "normalize", "fill_nan", "prefetch", "epoch"}.
+  // "stage_in_background", "drop_last", "normalize", "fill_nan", "prefetch", "epoch"}.
   static LoaderSpec from_json(std::shared_ptr<Store> store, const Json& json);
 };
 
@@ -172,8 +182,25 @@ struct Channel {
   CfUnpack unpack{};       // CF scale_factor / add_offset / missing values (zarr/cf.h), first
   bool fill_nan = false;   // NaN becomes nan_value (after normalization): LoaderSpec::fill_nan
   float nan_value = 0.0f;
+  // With defer_normalization, where float32 cannot hold every stored value (int32, int64,
+  // float64): the host applies `unpack` and the consumer the rest.
+  bool unpack_on_host = false;
+  // Everything, as the CPU path applies it to the stored values.
   Normalization normalization() const {
     return {normalized, mean, std, fill_nan, nan_value, unpack};
+  }
+  // What the host applies: all of it, or deferred only the CF decoding it keeps (unpack_on_host).
+  Normalization host_normalization(bool deferred) const {
+    if (!deferred) return normalization();
+    Normalization host;
+    if (unpack_on_host) host.unpack = unpack;
+    return host;
+  }
+  // What a consumer of deferred batches applies to their float32 values.
+  Normalization deferred_normalization() const {
+    Normalization rest = normalization();
+    if (unpack_on_host) rest.unpack = CfUnpack{};
+    return rest;
   }
 };
 
@@ -307,8 +334,11 @@ class Loader {
   // The time steps [first, second) this loader's samples read (time_range, narrowed to the
   // node's block where split among nodes).
   std::pair<uint64_t, uint64_t> time_span() const { return {time_start_, time_stop_}; }
-  // What staging (LoaderSpec::stage_dir) did, where it was asked for.
-  const std::optional<zarr::StageResult>& staged() const { return staged_; }
+  // What staging (LoaderSpec::stage_dir) did, where it was asked for and is done.
+  std::optional<zarr::StageResult> staged() const;
+  // Where a copy runs in the background (LoaderSpec::stage_in_background): how far it is; nullopt
+  // once it is done (staged() says what it did) and where none runs.
+  std::optional<zarr::StageProgress> staging_progress() const;
 
   // The crop origin (lat_start, lon_start) of the sample at `time` in `epoch`.
   std::array<uint64_t, 2> crop_origin(uint64_t epoch, uint64_t time) const;
@@ -374,9 +404,16 @@ class Loader {
     return chunk[0] * (chunk.size() == 4 ? chunk[1] : 1);
   }
   ChunkKey chunk_key(const Piece& piece, uint64_t y, uint64_t x) const;
-  // Stages the loader's data to spec_.stage_dir and reopens the arrays there (names: each
-  // array's path in the group; reference: the array with the time axis).
-  void stage_and_reopen(const std::vector<std::string>& names, size_t reference);
+  // Stages the loader's data to spec_.stage_dir and reopens the arrays there (reference: the
+  // array with the time axis), or starts a copy in the background.
+  void stage_and_reopen(size_t reference);
+  void start_background_stage(zarr::StageOptions options);
+  // Opens the arrays again from spec_.store (names: their paths in the group).
+  void reopen_arrays();
+  // With a copy in the background: rethrows its error, and once it is done and no batch is being
+  // prepared (`idle`), reads the copy alone.
+  void check_background_stage(bool idle);
+  struct BackgroundStage;  // the copying thread and what it reports
   // time_start_ and time_stop_ from spec_.time_range; an error where no sample fits in them.
   void resolve_time_range();
   void assemble_batch(uint64_t epoch, std::optional<uint64_t> batch,
@@ -423,6 +460,8 @@ class Loader {
   // The time steps a partial staged copy read as the store holds (store/staged_copy.h).
   std::optional<StagedTimeRange> store_holds_;
   std::optional<zarr::StageResult> staged_;
+  std::vector<std::string> array_names_;  // per array: its path in spec_.path's group
+  std::unique_ptr<BackgroundStage> background_;
   std::vector<uint64_t> leads_;  // spec_.leads, else {spec_.lead}
   uint64_t max_lead_ = 0;
   uint64_t back_ = 0;  // how far the history reaches back: (history - 1) * history_step

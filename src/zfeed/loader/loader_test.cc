@@ -5,13 +5,19 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 #include <random>
 #include <set>
+#include <thread>
 
 #include "zfeed/codec/data_type.h"
+#include "zfeed/store/store_testing.h"
 #include "zfeed/util/error.h"
+#include "zfeed/util/fork_gate.h"
 #include "zfeed/util/testing.h"
 #include "zfeed/zarr/group.h"
 
@@ -819,7 +825,7 @@ TEST(Loader, DeferredNormalizationThenTheCastEqualsTheCpuPath) {
                      const std::vector<Channel>& meta) {
       const size_t size = output_size(type);
       for (uint64_t p = 0; p < planes; ++p) {
-        const Normalization normalization = meta[p % channels].normalization();
+        const Normalization normalization = meta[p % channels].deferred_normalization();
         for (size_t k = 0; k < plane; ++k) {
           float value;
           std::memcpy(&value, raw + 4 * (p * plane + k), 4);
@@ -842,6 +848,51 @@ TEST(Loader, DeferredNormalizationThenTheCastEqualsTheCpuPath) {
     }
     EXPECT_EQ(batches, reference.batches_per_epoch());
   }
+}
+
+// Deferred batches hold float32 values, which round int32 and wider: where such an array is
+// CF-encoded, the host decodes it from the exact stored value (a fill value of -2147483647,
+// netCDF's default, is -2^31 as a float and would not match; a large offset would cancel the
+// small scaled difference), and the consumer applies the rest.
+TEST(Loader, DeferredBatchesOfWideIntegersAreCfDecodedFromTheExactValue) {
+  auto store = make_store();
+  const Json attributes = {{"scale_factor", 1e-6},
+                           {"add_offset", -1000.0},
+                           {"_FillValue", -2147483647},
+                           {"zfeed_stats", {{"mean", 3.0}, {"std", 2.0}}}};
+  auto wide = zarr::Array::create(store, "wide", meta("int32", {kTimes, kLat, kLon}, attributes));
+  std::vector<int32_t> values(kTimes * kLat * kLon);
+  for (size_t i = 0; i < values.size(); ++i) {
+    values[i] = i % 7 == 0 ? -2147483647 : 1000000033 + static_cast<int32_t>(i);
+  }
+  wide.write(wide.full_selection(), values.data());
+  auto spec = base_spec(store);
+  spec.inputs = {var("wide"), var("q")};
+  spec.targets = {var("wide")};
+  Loader reference(spec);
+  spec.defer_normalization = true;
+  Loader deferred(spec);
+  EXPECT_TRUE(deferred.input_channels()[0].unpack_on_host);
+  EXPECT_FALSE(deferred.input_channels()[1].unpack_on_host);  // int16: float32 holds it
+  const auto in = deferred.input_shape();
+  const size_t plane = in[2] * in[3];
+  uint64_t nans = 0;
+  while (auto batch = deferred.next()) {
+    auto want = reference.next();
+    ASSERT_TRUE(want);
+    for (uint64_t p = 0; p < batch->size * in[1]; ++p) {
+      const Normalization rest = deferred.input_channels()[p % in[1]].deferred_normalization();
+      for (size_t k = 0; k < plane; ++k) {
+        float raw, expected;
+        std::memcpy(&raw, batch->input_bytes() + 4 * (p * plane + k), 4);
+        std::memcpy(&expected, want->input_bytes() + 4 * (p * plane + k), 4);
+        const float got = rest.apply(raw);
+        nans += std::isnan(expected);
+        ASSERT_EQ(std::memcmp(&got, &expected, 4), 0) << "plane " << p << " element " << k;
+      }
+    }
+  }
+  EXPECT_GT(nans, 0u);
 }
 
 // The host half of decode="gpu": chunks handed over compressed (plain chunks, and inner chunks
@@ -1578,6 +1629,160 @@ TEST(Loader, StagingPartOfTheTimeAxisNeedsItsName) {
   ASSERT_TRUE(whole.staged());
   EXPECT_FALSE(whole.staged()->partial);
   EXPECT_EQ(whole.staged()->copied, store->list("").size());
+}
+
+// --- Staging in the background ---------------------------------------------------------------
+
+// make_store(2) with named dimensions, and an array "extra" the loaders here do not read (only a
+// copy does), of `extra_chunks` chunks; watched.
+std::shared_ptr<testing::WatchedStore> watched_store_with_extra(uint64_t extra_chunks) {
+  auto inner = make_store(/*time_chunk=*/2, 1, kZstdCodecs, make_memory_store(), /*named=*/true);
+  auto extra = zarr::Array::create(inner, "extra", meta("float32", {extra_chunks, 2, 2}));
+  std::vector<float> values(extra_chunks * 4, 1.5f);
+  extra.write(extra.full_selection(), values.data());
+  return std::make_shared<testing::WatchedStore>(inner);
+}
+
+// Waits (up to a minute) until the loader's copy in the background is done.
+void wait_for_background_copy(const Loader& loader) {
+  for (int i = 0; i < 6000 && loader.staging_progress(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_FALSE(loader.staging_progress()) << "the copy did not end";
+}
+
+TEST(Loader, StagesInTheBackgroundWhileItServesBatches) {
+  testing::TempDir dir;
+  auto source = watched_store_with_extra(4);
+  // The copy cannot finish before the first epoch is read: the loader must not wait for it.
+  std::mutex gate_mutex;
+  std::condition_variable gate_cv;
+  bool open_gate = false;
+  source->on_read = [&](std::string_view key) {
+    if (key != "extra/c/3/0/0") return;
+    std::unique_lock lock(gate_mutex);
+    gate_cv.wait(lock, [&] { return open_gate; });
+  };
+  auto spec = base_spec(source);
+  spec.batch_size = 2;
+  spec.nodes = 2;
+  spec.node = 1;  // samples t = 5 to 9: time steps [5, 11)
+  spec.stage_dir = dir.path() + "/node1";
+  spec.stage_in_background = true;
+  auto direct_spec = base_spec(make_store(2, 1, kZstdCodecs, make_memory_store(), true));
+  direct_spec.batch_size = 2;
+  direct_spec.nodes = 2;
+  direct_spec.node = 1;
+  Loader direct(direct_spec);
+
+  Loader staging(spec);
+  EXPECT_FALSE(staging.staged());
+  ASSERT_TRUE(staging.staging_progress());
+  EXPECT_EQ(drain(staging), drain(direct));  // the first epoch, read through to the source
+  EXPECT_TRUE(staging.staging_progress());
+  {
+    std::lock_guard lock(gate_mutex);
+    open_gate = true;
+  }
+  gate_cv.notify_all();
+  wait_for_background_copy(staging);
+
+  // The next epoch reads the copy alone: no read of the source.
+  const uint64_t reads_before = source->reads;
+  staging.begin_iteration();
+  direct.begin_iteration();
+  EXPECT_EQ(drain(staging), drain(direct));
+  EXPECT_EQ(source->reads, reads_before);
+  ASSERT_TRUE(staging.staged());
+  EXPECT_GT(staging.staged()->copied, 0u);
+  ASSERT_TRUE(staging.staged()->partial);
+  EXPECT_EQ(staging.staged()->partial->start, 5u);
+  EXPECT_EQ(staging.staged()->partial->stop, 11u);
+
+  // A loader made on the complete copy reads it at once.
+  Loader again(spec);
+  ASSERT_TRUE(again.staged());
+  EXPECT_TRUE(again.staged()->already_complete);
+  EXPECT_FALSE(again.staging_progress());
+}
+
+TEST(Loader, AForkedChildOfALoaderStagingInTheBackgroundReadsThroughToTheSource) {
+  testing::TempDir dir;
+  auto source = watched_store_with_extra(4);
+  std::mutex gate_mutex;
+  std::condition_variable gate_cv;
+  bool open_gate = false;
+  source->on_read = [&](std::string_view key) {
+    if (key != "extra/c/3/0/0") return;
+    ForkGate::Release waiting;  // a wait on this test, which forks meanwhile
+    std::unique_lock lock(gate_mutex);
+    gate_cv.wait(lock, [&] { return open_gate; });
+  };
+  auto spec = base_spec(source);
+  spec.stage_dir = dir.path() + "/copy";
+  spec.stage_in_background = true;
+  Loader reference(base_spec(make_store(2, 1, kZstdCodecs, make_memory_store(), true)));
+  const auto all = drain(reference);
+  Loader loader(spec);
+  ASSERT_TRUE(loader.staging_progress());  // the copy waits at the gate
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // The copying thread stayed in the parent: the child reads through, and ends cleanly.
+    const bool same = drain(loader) == all && loader.staging_progress();
+    ::_exit(same ? 0 : 1);
+  }
+  EXPECT_EQ(testing::exit_status_of_child(child), 0) << "the forked child's batches differ";
+  {
+    std::lock_guard lock(gate_mutex);
+    open_gate = true;
+  }
+  gate_cv.notify_all();
+  wait_for_background_copy(loader);
+  EXPECT_EQ(drain(loader), all);
+  EXPECT_TRUE(loader.staged());
+}
+
+TEST(Loader, ALoaderEndedWhileItStagesStopsTheCopyForALaterOneToFinish) {
+  testing::TempDir dir;
+  auto source = watched_store_with_extra(200);
+  source->on_read = [](std::string_view key) {
+    if (key.starts_with("extra/c/")) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  };
+  auto spec = base_spec(source);
+  spec.stage_dir = dir.path() + "/copy";
+  spec.stage_in_background = true;
+  {
+    Loader staging(spec);
+    for (int i = 0;
+         i < 6000 && staging.staging_progress() && staging.staging_progress()->keys_done == 0;
+         ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }  // ended while it copies: the copy stops within a round of values
+  EXPECT_CONTAINS(error_of([&] { open_store(dir.path() + "/copy"); }), "unfinished staged copy");
+  spec.stage_in_background = false;
+  Loader finishing(spec);
+  ASSERT_TRUE(finishing.staged());
+  EXPECT_GT(finishing.staged()->present, 0u);
+  EXPECT_GT(finishing.staged()->copied, 0u);
+}
+
+TEST(Loader, ABackgroundCopyThatFailsEndsTheIteration) {
+  testing::TempDir dir;
+  auto source = watched_store_with_extra(2);
+  source->on_read = [](std::string_view key) {
+    if (key == "extra/c/1/0/0") throw Error("memory://: extra/c/1/0/0: connection reset");
+  };
+  auto spec = base_spec(source);
+  spec.stage_dir = dir.path() + "/copy";
+  spec.stage_in_background = true;
+  Loader staging(spec);
+  wait_for_background_copy(staging);
+  EXPECT_CONTAINS(error_of([&] { staging.next(); }),
+                  "loader: staging memory:// to " + dir.path() +
+                      "/copy in the background failed: memory://: extra/c/1/0/0: connection reset");
+  EXPECT_CONTAINS(error_of([&] { staging.next(); }), "in the background failed");
 }
 
 TEST(Cast, Float16AndBFloat16RoundToNearestEven) {

@@ -265,4 +265,79 @@ std::shared_ptr<Store> open_staged_copy(std::shared_ptr<Store> directory, const 
                                            key_prefix);
 }
 
+namespace {
+
+class ReadThroughStore final : public Store {
+ public:
+  ReadThroughStore(std::shared_ptr<Store> source, std::shared_ptr<Store> directory)
+      : source_(std::move(source)), directory_(std::move(directory)) {}
+
+  std::optional<Bytes> get(std::string_view key, ByteRange range) const override {
+    if (auto value = directory_->get(key, range)) return value;
+    return source_->get(key, range);
+  }
+  bool get_into(std::string_view key, ByteRange range, Bytes& out) const override {
+    return directory_->get_into(key, range, out) || source_->get_into(key, range, out);
+  }
+  bool with_bytes(std::string_view key, ByteRange range,
+                  const std::function<void(ByteView)>& use) const override {
+    return directory_->with_bytes(key, range, use) || source_->with_bytes(key, range, use);
+  }
+  std::vector<std::optional<Bytes>> get_many(std::span<const KeyRange> requests) const override {
+    std::vector<std::optional<Bytes>> values(requests.size());
+    std::vector<KeyRange> remote;
+    std::vector<size_t> remote_index;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      values[i] = directory_->get(requests[i].key, requests[i].range);
+      if (!values[i]) {
+        remote.push_back(requests[i]);
+        remote_index.push_back(i);
+      }
+    }
+    // The values the copy lacks yet, at once (a remote source overlaps them).
+    auto fetched = source_->get_many(remote);
+    for (size_t k = 0; k < remote.size(); ++k) values[remote_index[k]] = std::move(fetched[k]);
+    return values;
+  }
+  bool read_range_into(std::string_view key, uint64_t offset, MutableByteView out,
+                       std::optional<uint64_t> expected_size) const override {
+    return directory_->read_range_into(key, offset, out, expected_size) ||
+           source_->read_range_into(key, offset, out, expected_size);
+  }
+  std::optional<uint64_t> size(std::string_view key) const override {
+    if (auto size = directory_->size(key)) return size;
+    return source_->size(key);
+  }
+  void set(std::string_view key, ByteView) override { refuse_write(key); }
+  void erase(std::string_view key) override { refuse_write(key); }
+  void erase_prefix(std::string_view prefix) override { refuse_write(prefix); }
+  std::vector<std::string> list(std::string_view prefix) const override {
+    return source_->list(prefix);
+  }
+  std::vector<std::pair<std::string, uint64_t>> list_sizes(std::string_view prefix) const override {
+    return source_->list_sizes(prefix);
+  }
+  bool can_list() const override { return source_->can_list(); }
+  std::vector<std::string> list_dir(std::string_view prefix) const override {
+    return source_->list_dir(prefix);
+  }
+  size_t read_concurrency() const override { return source_->read_concurrency(); }
+  std::string url() const override { return source_->url(); }
+
+ private:
+  [[noreturn]] void refuse_write(std::string_view key) const {
+    throw Error(source_->url() + ": " + std::string(key) + ": cannot write while it is staged to " +
+                directory_->url() + " (read-only)");
+  }
+
+  std::shared_ptr<Store> source_, directory_;
+};
+
+}  // namespace
+
+std::shared_ptr<Store> make_read_through_store(std::shared_ptr<Store> source,
+                                               std::shared_ptr<Store> directory) {
+  return std::make_shared<ReadThroughStore>(std::move(source), std::move(directory));
+}
+
 }  // namespace zfeed

@@ -72,4 +72,12 @@ std::optional<StagedTimeRange> staged_time_range(const Store& store);
 std::shared_ptr<Store> open_staged_copy(std::shared_ptr<Store> directory,
                                         const std::string& root = "");
 
+// A copy being made while it is read (a loader staging in the background): each value from
+// `directory` (a filesystem store) where it is there already, else from `source`. A value present
+// is complete (staging writes values whole, by temporary file and rename), and the copy's are the
+// source's, so a read sees the source's value either way, from local disk as soon as the copy
+// holds it. Read-only; lists, counts its reads in flight, and names itself as the source.
+std::shared_ptr<Store> make_read_through_store(std::shared_ptr<Store> source,
+                                               std::shared_ptr<Store> directory);
+
 }  // namespace zfeed

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include "zfeed/store/store_testing.h"
 #include "zfeed/util/error.h"
 #include "zfeed/util/testing.h"
 
@@ -65,6 +66,56 @@ TEST(StagedCopy, AMalformedRecordIsAnErrorNamingTheDirectory) {
   // No record: the directory as it is.
   auto plain = make_file_store(dir.path(), create);
   EXPECT_EQ(open_staged_copy(plain), plain);
+}
+
+TEST(StagedCopy, AReadThroughStoreReadsTheCopyWhereItHoldsAValue) {
+  auto source = std::make_shared<testing::WatchedStore>(make_memory_store());
+  source->set("a/zarr.json", as_bytes("{}"));
+  source->set("a/c/0", as_bytes("source 0"));
+  source->set("a/c/1", as_bytes("source 1"));
+  TempDir dir;
+  FileStoreOptions create;
+  create.create = true;
+  auto copy = make_file_store(dir.path() + "/copy", create);
+  // Told apart by their bytes here; a real copy holds the source's.
+  copy->set("a/c/0", as_bytes("copied 0"));
+  auto store = make_read_through_store(source, copy);
+
+  EXPECT_EQ(std::string(store->get("a/c/0")->as_string()), "copied 0");
+  EXPECT_EQ(source->reads, 0u);
+  EXPECT_EQ(std::string(store->get("a/c/1")->as_string()), "source 1");
+  EXPECT_EQ(source->reads, 1u);
+  Bytes into;
+  ASSERT_TRUE(store->get_into("a/c/0", ByteRange::range(7, 1), into));
+  EXPECT_EQ(std::string(into.as_string()), "0");
+  std::string seen;
+  ASSERT_TRUE(store->with_bytes("a/c/1", ByteRange::suffix(1), [&](ByteView bytes) {
+    seen.assign(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  }));
+  EXPECT_EQ(seen, "1");
+  char out[6];
+  ASSERT_TRUE(store->read_range_into("a/c/1", 0, {reinterpret_cast<uint8_t*>(out), 6}, 8));
+  EXPECT_EQ(std::string(out, 6), "source");
+  const KeyRange requests[] = {{"a/c/0", {}}, {"a/c/1", {}}, {"a/c/9", {}}};
+  const auto values = store->get_many(requests);
+  EXPECT_EQ(std::string(values[0]->as_string()), "copied 0");
+  EXPECT_EQ(std::string(values[1]->as_string()), "source 1");
+  EXPECT_FALSE(values[2]);
+  EXPECT_FALSE(store->get("a/c/9"));
+  EXPECT_EQ(store->size("a/c/1"), 8u);
+  // Once the copy holds a value, it is read there.
+  copy->set("a/c/1", as_bytes("copied 1"));
+  const uint64_t before = source->reads;
+  EXPECT_EQ(std::string(store->get("a/c/1")->as_string()), "copied 1");
+  EXPECT_EQ(source->reads, before);
+
+  // The source's listing and name; no writes.
+  EXPECT_EQ(store->list("a/c/"), (std::vector<std::string>{"a/c/0", "a/c/1"}));
+  EXPECT_EQ(store->url(), "memory://");
+  EXPECT_FALSE(store->local_path("a/c/0"));
+  EXPECT_CONTAINS(error_of([&] { store->set("a/c/2", as_bytes("x")); }),
+                  "memory://: a/c/2: cannot write while it is staged to file://");
+  EXPECT_CONTAINS(error_of([&] { store->erase("a/c/0"); }), "cannot write while it is staged");
 }
 
 }  // namespace

@@ -48,16 +48,9 @@ int run_stage(const StageArgs& args) {
   if (!args.time.empty()) options.time_range = parse_time_range(args.time);
   options.time_dim = args.time_dim;
   if (!args.quiet) {
-    options.progress = [](const zarr::StageProgress& p) {
-      const double rate = p.seconds > 0 ? double(p.bytes_copied) / p.seconds / 1e6 : 0.0;
-      std::fprintf(stderr, "\rstage: %llu/%llu keys  %s copied  %.1f MB/s   ",
-                   static_cast<unsigned long long>(p.keys_done),
-                   static_cast<unsigned long long>(p.keys_total),
-                   human_bytes(double(p.bytes_copied)).c_str(), rate);
-    };
+    options.progress = zarr::stage_progress_printer("stage");
   }
   const zarr::StageResult result = zarr::stage(open_store(args.source), args.destination, options);
-  if (!args.quiet) std::fprintf(stderr, "\n");
   const std::string steps =
       result.partial
           ? " (" + result.partial->time_dim + " steps [" + std::to_string(result.partial->start) +

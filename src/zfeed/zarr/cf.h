@@ -18,11 +18,15 @@ struct CfEncoding {
   bool packed = false;  // scale_factor or add_offset given
   double scale = 1.0;
   double offset = 0.0;
-  std::vector<double> missing;  // stored values that decode to NaN
-  bool active() const { return packed || !missing.empty(); }
+  std::vector<double> missing;  // stored values that decode to NaN (as unsigned, with wrap)
+  // Signed integers that hold unsigned values (_Unsigned = "true", netCDF-3's way): 2^bits, added
+  // to a negative stored value before anything else; 0 for none.
+  double wrap = 0.0;
+  bool active() const { return packed || !missing.empty() || wrap != 0.0; }
   // A stored value decoded: NaN where missing, else raw * scale + offset (raw itself where those
   // change nothing, so that -0.0 stays). The loader's per-element copy is loader::CfUnpack.
   double decode(double raw) const {
+    if (wrap != 0.0 && raw < 0.0) raw += wrap;
     for (const double m : missing) {
       if (raw == m) return std::numeric_limits<double>::quiet_NaN();
     }

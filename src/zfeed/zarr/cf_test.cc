@@ -46,6 +46,12 @@ TEST(CfEncoding, AV2FillValueCountsBesideCfAttributes) {
   const auto explicit_fill =
       cf_encoding(v2("<i2", 0, Json{{"add_offset", 1.0}, {"_FillValue", 7}}), "t");
   EXPECT_EQ(explicit_fill.missing, (std::vector<double>{7}));
+  // A float array's fill_value other than 0 is a mask by itself (xarray writes _FillValue so);
+  // 0, zarr-python's default, is not (a dry hour's precipitation is no missing value).
+  EXPECT_EQ(cf_encoding(v2("<f4", -9999.0, Json::object()), "sst").missing,
+            (std::vector<double>{-9999.0}));
+  EXPECT_FALSE(cf_encoding(v2("<f4", 0.0, Json::object()), "tp").active());
+  EXPECT_FALSE(cf_encoding(v2("<f8", "NaN", Json::object()), "t").active());
 }
 
 }  // namespace

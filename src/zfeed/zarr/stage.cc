@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
@@ -14,8 +15,10 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <thread>
 
 #include "zfeed/util/error.h"
+#include "zfeed/util/fork_gate.h"
 #include "zfeed/util/json.h"
 #include "zfeed/util/thread_pool.h"
 #include "zfeed/zarr/group.h"
@@ -183,25 +186,37 @@ StagedTimeRange plan_time_range(const std::shared_ptr<Store>& source, const Stag
 }
 
 // An exclusive lock on `path`, held until destruction (released by the kernel if the process
-// dies, so a killed stager never blocks the next).
+// dies, so a killed stager never blocks the next). While another process holds it, waits, asking
+// `stop` (where given) now and then whether to give up (held() is false then).
 class FileLock {
  public:
-  explicit FileLock(const std::string& path) {
+  FileLock(const std::string& path, const std::function<bool()>& stop) {
     fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd_ < 0) throw Error(path + ": cannot open the staging lock: " + std::strerror(errno));
-    while (::flock(fd_, LOCK_EX) != 0) {
-      if (errno != EINTR) {
+    for (;;) {
+      if (::flock(fd_, LOCK_EX | LOCK_NB) == 0) {
+        held_ = true;
+        return;
+      }
+      if (errno == EWOULDBLOCK) {
+        if (stop && stop()) return;
+        ForkGate::Release waiting;  // for another process: a fork need not wait for that
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      } else if (errno != EINTR) {
+        const int error = errno;
         ::close(fd_);
-        throw Error(path + ": cannot take the staging lock: " + std::strerror(errno));
+        throw Error(path + ": cannot take the staging lock: " + std::strerror(error));
       }
     }
   }
   ~FileLock() { ::close(fd_); }
   FileLock(const FileLock&) = delete;
   FileLock& operator=(const FileLock&) = delete;
+  bool held() const { return held_; }
 
  private:
   int fd_ = -1;
+  bool held_ = false;
 };
 
 }  // namespace
@@ -239,27 +254,14 @@ std::vector<std::string> hierarchy_keys(const std::shared_ptr<Store>& store) {
   return keys;
 }
 
-StageResult stage(std::shared_ptr<Store> source, const std::string& destination_path,
-                  const StageOptions& options) {
-  const auto start = std::chrono::steady_clock::now();
-  auto elapsed = [&] {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  };
-  if (destination_path.find("://") != std::string::npos) {
-    throw UnsupportedError("stage: the destination \"" + destination_path +
-                           "\" is not a local directory path");
-  }
-  FileStoreOptions store_options;
-  store_options.create = true;
-  std::shared_ptr<Store> destination = make_file_store(destination_path, store_options);
-  const std::string where = "stage " + source->url() + " -> " + destination->url();
+namespace {
 
-  // One process of the node copies; the others wait here, then find the record.
-  FileLock lock((fs::path(destination_path) / kStageLock).string());
-  StageResult result;
-  // A partial staged copy staged again: its steps by default, never others (it lacks them).
+// What a staging of `source` asks for: `options`, where the source is a partial staged copy its
+// steps by default, never others (it lacks them).
+StageOptions wanted_options(const Store& source, const StageOptions& options,
+                            const std::string& where) {
   StageOptions wanted = options;
-  if (const auto holds = staged_time_range(*source)) {
+  if (const auto holds = staged_time_range(source)) {
     if (!wanted.time_range) {
       wanted.time_range = {holds->start, holds->stop};
       wanted.time_dim = holds->time_dim;
@@ -271,47 +273,126 @@ StageResult stage(std::shared_ptr<Store> source, const std::string& destination_
                   range_text(wanted.time_range->first, wanted.time_range->second));
     }
   }
-  const auto requested = wanted.time_range;
-  if (const auto record = read_stage_record(*destination)) {
-    if (record->value("source", "") != source->url()) {
-      throw Error(where + ": the destination holds a copy of " + record->value("source", "?") +
-                  "; give another destination, or remove it");
-    }
-    if (record->value("complete", false)) {
-      // A whole copy serves any time range; a partial one only its own.
-      if (record->contains("partial")) {
-        StagedTimeRange held = *staged_time_range(*destination);
-        const std::string holds = "the destination holds " + held.time_dim + " steps " +
-                                  range_text(held.start, held.stop) + " of the source only";
-        if (!requested) {
-          throw Error(where + ": " + holds + "; stage the whole source to another destination");
-        }
-        if (requested->first != held.start || requested->second != held.stop ||
-            wanted.time_dim != held.time_dim) {
-          throw Error(where + ": " + holds + ", not " + wanted.time_dim + " steps " +
-                      range_text(requested->first, requested->second) +
-                      "; give another destination for that range");
-        }
-        result.partial = std::move(held);
-      }
-      result.keys = record->value("keys", uint64_t{0});
-      result.present = result.keys;
-      result.already_complete = true;
-      result.seconds = elapsed();
-      if (options.progress) {
-        options.progress({result.keys, result.keys, 0, result.seconds});
-      }
-      return result;
-    }
-  }
-  if (!destination->get(kStageRecord)) {
+  return wanted;
+}
+
+// Checks what `destination` holds against what is asked (`wanted`): true where it holds a
+// complete copy that serves it (`result` says what), false where the copy is to be made or
+// finished; throws where the destination holds something else.
+bool check_destination(const Store& source, const Store& destination, const StageOptions& wanted,
+                       const std::string& where, StageResult& result) {
+  const auto& requested = wanted.time_range;
+  const auto record = read_stage_record(destination);
+  if (!record) {
     // Files that no staging of ours left: refuse to mix them with a copy.
-    for (const std::string& key : destination->list("")) {
+    for (const std::string& key : destination.list("")) {
       if (key != kStageLock) {
         throw Error(where + ": the destination holds files (" + key +
                     ") and no staging record; give an empty or new directory");
       }
     }
+    return false;
+  }
+  if (record->value("source", "") != source.url()) {
+    throw Error(where + ": the destination holds a copy of " + record->value("source", "?") +
+                "; give another destination, or remove it");
+  }
+  if (!record->value("complete", false)) return false;
+  // A whole copy serves any time range; a partial one only its own.
+  if (record->contains("partial")) {
+    StagedTimeRange held = *staged_time_range(destination);
+    const std::string holds = "the destination holds " + held.time_dim + " steps " +
+                              range_text(held.start, held.stop) + " of the source only";
+    if (!requested) {
+      throw Error(where + ": " + holds + "; stage the whole source to another destination");
+    }
+    if (requested->first != held.start || requested->second != held.stop ||
+        wanted.time_dim != held.time_dim) {
+      throw Error(where + ": " + holds + ", not " + wanted.time_dim + " steps " +
+                  range_text(requested->first, requested->second) +
+                  "; give another destination for that range");
+    }
+    result.partial = std::move(held);
+  }
+  result.keys = record->value("keys", uint64_t{0});
+  result.present = result.keys;
+  result.already_complete = true;
+  return true;
+}
+
+std::string stage_where(const Store& source, const Store& destination) {
+  return "stage " + source.url() + " -> " + destination.url();
+}
+
+void check_local_destination(const std::string& destination_path) {
+  if (destination_path.find("://") != std::string::npos) {
+    throw UnsupportedError("stage: the destination \"" + destination_path +
+                           "\" is not a local directory path");
+  }
+}
+
+}  // namespace
+
+std::function<void(const StageProgress&)> stage_progress_printer(std::string label) {
+  struct State {
+    bool printed = false;
+    double last_line = -1;
+  };
+  auto state = std::make_shared<State>();
+  const bool terminal = ::isatty(STDERR_FILENO) == 1;
+  return [label = std::move(label), state, terminal](const StageProgress& p) {
+    const bool done = p.keys_done == p.keys_total;
+    if (done && !state->printed && p.bytes_copied == 0) return;  // nothing copied here
+    if (!terminal && !done && state->last_line >= 0 && p.seconds - state->last_line < 10) return;
+    state->printed = true;
+    state->last_line = p.seconds;
+    const double rate = p.seconds > 0 ? double(p.bytes_copied) / p.seconds / 1e6 : 0.0;
+    std::fprintf(stderr, "%s%s: %llu/%llu keys, %.1f MiB copied, %.1f MB/s%s", terminal ? "\r" : "",
+                 label.c_str(), static_cast<unsigned long long>(p.keys_done),
+                 static_cast<unsigned long long>(p.keys_total), double(p.bytes_copied) / 1048576.0,
+                 rate, done || !terminal ? "\n" : "   ");
+    std::fflush(stderr);
+  };
+}
+
+bool stage_is_complete(const std::shared_ptr<Store>& source, const std::string& destination_path,
+                       const StageOptions& options) {
+  check_local_destination(destination_path);
+  std::error_code error;
+  if (!fs::is_directory(destination_path, error)) return false;
+  const std::shared_ptr<Store> destination = make_file_store(destination_path);
+  const std::string where = stage_where(*source, *destination);
+  StageResult result;
+  return check_destination(*source, *destination, wanted_options(*source, options, where), where,
+                           result);
+}
+
+StageResult stage(std::shared_ptr<Store> source, const std::string& destination_path,
+                  const StageOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
+  auto elapsed = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  check_local_destination(destination_path);
+  FileStoreOptions store_options;
+  store_options.create = true;
+  std::shared_ptr<Store> destination = make_file_store(destination_path, store_options);
+  const std::string where = stage_where(*source, *destination);
+
+  // One process of the node copies; the others wait here, then find the record.
+  StageResult result;
+  FileLock lock((fs::path(destination_path) / kStageLock).string(), options.stop);
+  if (!lock.held()) {
+    result.stopped = true;
+    result.seconds = elapsed();
+    return result;
+  }
+  const StageOptions wanted = wanted_options(*source, options, where);
+  const auto requested = wanted.time_range;
+  if (check_destination(*source, *destination, wanted, where, result)) {
+    result.seconds = elapsed();
+    if (options.progress) options.progress({result.keys, result.keys, 0, result.seconds});
+    return result;
   }
   if (requested) result.partial = plan_time_range(source, wanted, where);
   // The record names the source before the first value lands, so that a resumed run knows
@@ -325,6 +406,11 @@ StageResult stage(std::shared_ptr<Store> source, const std::string& destination_
 
   const auto entries = hierarchy_entries(source, result.partial ? &*result.partial : nullptr);
   result.keys = entries.size();
+  if (options.stop && options.stop()) {
+    result.stopped = true;
+    result.seconds = elapsed();
+    return result;
+  }
 
   std::atomic<uint64_t> done{0}, copied{0}, present{0}, missing{0}, bytes{0};
   std::mutex progress_mutex;
@@ -341,7 +427,12 @@ StageResult stage(std::shared_ptr<Store> source, const std::string& destination_
   std::optional<ThreadPool> own_pool;
   ThreadPool& pool = options.threads == 0 ? ThreadPool::for_reads(source->read_concurrency())
                                           : own_pool.emplace(options.threads);
-  pool.parallel_for(entries.size(), [&](size_t i) {
+  std::atomic<bool> stopped{false};
+  auto copy_entry = [&](size_t i) {
+    if (stopped.load(std::memory_order_relaxed) || (options.stop && options.stop())) {
+      stopped = true;
+      return;
+    }
     const auto& [key, listed_size] = entries[i];
     const auto have = destination->size(key);
     // A value present is complete (written whole); one of another listed size is copied again.
@@ -356,7 +447,14 @@ StageResult stage(std::shared_ptr<Store> source, const std::string& destination_
     }
     ++done;
     report(false);
-  });
+  };
+  // Shared with other work: in rounds of a few values per thread, which that work's tasks, queued
+  // behind a round, come between.
+  const size_t round = options.share_pool ? 4 * pool.size() : entries.size();
+  for (size_t first = 0; first < entries.size() && !stopped; first += round) {
+    pool.parallel_for(std::min(round, entries.size() - first),
+                      [&](size_t k) { copy_entry(first + k); });
+  }
   // The values reach the disk before the record that calls them complete: a node that loses
   // power must not find a complete copy of empty files.
   if (copied > 0) {
@@ -370,6 +468,11 @@ StageResult stage(std::shared_ptr<Store> source, const std::string& destination_
   result.present = present;
   result.missing = missing;
   result.bytes_copied = bytes;
+  if (stopped) {  // left unfinished: a later run goes on from what is in place
+    result.stopped = true;
+    result.seconds = elapsed();
+    return result;
+  }
   const std::time_t now = std::time(nullptr);
   char date[32];
   std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));

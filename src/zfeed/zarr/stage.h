@@ -38,6 +38,14 @@ struct StageOptions {
   // that hold any of those steps. Everything else in the hierarchy is copied whole.
   std::optional<std::pair<uint64_t, uint64_t>> time_range;
   std::string time_dim = "time";
+  // Asked now and then (between values, and while another process of the node holds the copy):
+  // where it returns true, the copy stops early and stage() returns with `stopped` set, leaving
+  // the values in place for a later run to go on from.
+  std::function<bool()> stop;
+  // The pool (threads == 0) is shared with other work that must not wait for the whole copy (a
+  // loader's reads, beside its copy in the background): the values are copied in rounds of a
+  // few per thread, and work queued meanwhile runs between rounds.
+  bool share_pool = false;
 };
 
 struct StageResult {
@@ -48,6 +56,7 @@ struct StageResult {
   uint64_t bytes_copied = 0;
   double seconds = 0;
   bool already_complete = false;  // an earlier run (or another process) had finished it
+  bool stopped = false;           // StageOptions::stop ended it early: the copy is unfinished
   // What the copy holds of the time axis, where it holds part of it (nullopt: everything).
   std::optional<StagedTimeRange> partial;
 };
@@ -58,6 +67,18 @@ struct StageResult {
 // range of it is refused.
 StageResult stage(std::shared_ptr<Store> source, const std::string& destination,
                   const StageOptions& options = {});
+
+// Whether `destination` holds a complete copy that stage() would take as it is (without the
+// lock: a copy is complete once its record says so); false where it holds nothing yet or an
+// unfinished copy of the source; throws where stage() would refuse the destination.
+bool stage_is_complete(const std::shared_ptr<Store>& source, const std::string& destination,
+                       const StageOptions& options = {});
+
+// A progress line on stderr ("LABEL: 120/4000 keys, 310.2 MiB copied, 95.1 MB/s"): on a terminal
+// redrawn in place at each call, elsewhere (a job's log file) one line every 10 seconds; ended
+// when the copy is done. Silent where nothing was copied (the copy was there already, or another
+// process of the node made it).
+std::function<void(const StageProgress&)> stage_progress_printer(std::string label);
 
 // Every key of the hierarchy at the root of `store`: listed where the store can list; else from
 // its metadata (a group's members from its consolidated metadata, an array's chunk keys from its

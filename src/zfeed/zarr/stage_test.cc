@@ -1,7 +1,11 @@
 #include "zfeed/zarr/stage.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/file.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <numeric>
 #include <thread>
 
@@ -182,6 +186,86 @@ TEST(Stage, ProcessesStagingOneDestinationAtOnceShareOneCopy) {
   EXPECT_EQ(results[0].already_complete + results[1].already_complete, 1);
   EXPECT_EQ(results[0].copied + results[1].copied, source->list("").size());
   expect_same_hierarchy(source, destination);
+}
+
+TEST(Stage, StopsWhenAskedAndALaterRunFinishesTheCopy) {
+  auto source = sample_hierarchy();
+  TempDir dir;
+  const std::string destination = dir.path() + "/copy";
+  EXPECT_FALSE(stage_is_complete(source, destination));  // no directory yet
+  std::atomic<int> asked{0};
+  StageOptions options;
+  options.threads = 1;
+  options.stop = [&] { return ++asked > 4; };  // asked once before the values, then at each
+  const StageResult stopped = stage(source, destination, options);
+  EXPECT_TRUE(stopped.stopped);
+  EXPECT_EQ(stopped.copied, 3u);
+  EXPECT_FALSE(stage_is_complete(source, destination));
+  EXPECT_CONTAINS(error_of<Error>([&] { open_store(destination); }), "unfinished staged copy");
+  const StageResult finished = stage(source, destination);
+  EXPECT_FALSE(finished.stopped);
+  EXPECT_EQ(finished.present, 3u);
+  EXPECT_EQ(finished.copied + finished.present, source->list("").size());
+  EXPECT_TRUE(stage_is_complete(source, destination));
+  expect_same_hierarchy(source, destination);
+}
+
+TEST(Stage, AProcessWaitingForAnotherOnesCopyStopsWhenAsked) {
+  auto source = sample_hierarchy();
+  TempDir dir;
+  const std::string destination = dir.path() + "/copy";
+  StageOptions stop_at_once;
+  stop_at_once.stop = [] { return true; };
+  stage(source, destination, stop_at_once);  // makes the directory
+  // Another process holds the node's lock (a descriptor of this one contends as another would).
+  const int held = ::open((destination + "/.zfeed-stage.lock").c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(held, 0);
+  ASSERT_EQ(::flock(held, LOCK_EX), 0);
+  std::atomic<int> asked{0};
+  StageOptions options;
+  options.stop = [&] { return ++asked > 2; };
+  const StageResult result = stage(source, destination, options);
+  EXPECT_TRUE(result.stopped);
+  EXPECT_EQ(result.copied, 0u);
+  EXPECT_EQ(asked, 3);
+  ::close(held);
+}
+
+TEST(Stage, StageIsCompleteJudgesTheDestinationAsStageDoes) {
+  auto source = sample_hierarchy();
+  TempDir dir;
+  {
+    FileStoreOptions create;
+    create.create = true;
+    make_file_store(dir.path() + "/busy", create)->set("notes.txt", as_bytes("mine"));
+  }
+  EXPECT_CONTAINS(error_of<Error>([&] { stage_is_complete(source, dir.path() + "/busy"); }),
+                  "the destination holds files (notes.txt) and no staging record");
+  stage(source, dir.path() + "/copy");
+  EXPECT_TRUE(stage_is_complete(source, dir.path() + "/copy"));
+  auto other = make_memory_store();
+  open_store(dir.path() + "/copy")
+      ->set(kStageRecord, as_bytes(R"({"source": "s3://elsewhere/x.zarr", "complete": true})"));
+  EXPECT_CONTAINS(error_of<Error>([&] { stage_is_complete(source, dir.path() + "/copy"); }),
+                  "the destination holds a copy of s3://elsewhere/x.zarr");
+  EXPECT_CONTAINS(error_of<UnsupportedError>([&] { stage_is_complete(source, "s3://b/x"); }),
+                  "is not a local directory path");
+}
+
+TEST(Stage, ProgressLinesSayHowFarTheCopyIs) {
+  // Not a terminal here (a test's stderr is a file or pipe): whole lines, the first and the last.
+  ::testing::internal::CaptureStderr();
+  auto print = stage_progress_printer("stage /x");
+  print({0, 10, 0, 0.0});
+  print({5, 10, 3 << 20, 1.0});  // within 10 s of the last line: not printed
+  print({10, 10, 6 << 20, 2.0});
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(),
+            "stage /x: 0/10 keys, 0.0 MiB copied, 0.0 MB/s\n"
+            "stage /x: 10/10 keys, 6.0 MiB copied, 3.1 MB/s\n");
+  // A copy found complete (nothing copied here) says nothing.
+  ::testing::internal::CaptureStderr();
+  stage_progress_printer("stage /x")({10, 10, 0, 0.1});
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
 }
 
 // --- Partial copies: time steps [start, stop) of the arrays along time ----------------------
