@@ -285,3 +285,25 @@ def test_ccsm_statistics_equal_numpys(zfeed_cmd, shared, tmp_path):
     # Written as the attribute the loader normalizes with.
     attrs = xr.open_zarr(out, decode_times=False)["TS"].attrs["zfeed_stats"]
     np.testing.assert_allclose(attrs["mean"], values.mean(), rtol=1e-12)
+
+
+def test_float16_variables_get_statistics_and_stack(zfeed_cmd, tmp_path):
+    """float16 data (xarray writes it as is) gets statistics and is stacked as float32."""
+    xr = pytest.importorskip("xarray")
+    rng = np.random.default_rng(3)
+    half = rng.normal(280, 5, (3, 4, 5)).astype(np.float16)
+    full = rng.normal(0, 1, (3, 4, 5)).astype(np.float32)
+    source = tmp_path / "half.zarr"
+    xr.Dataset({"h": (("time", "lat", "lon"), half), "f": (("time", "lat", "lon"), full)},
+               coords={"time": np.arange(3), "lat": np.arange(4.0), "lon": np.arange(5.0)}
+               ).to_zarr(source, zarr_format=3)
+    stats = subprocess.run([zfeed_cmd, "stats", str(source)], capture_output=True, text=True)
+    assert stats.returncode == 0, stats.stderr
+    mean = zfeed.open(source)["h"].attrs["zfeed_stats"]["mean"]
+    assert mean == pytest.approx(float(half.astype(np.float64).mean()), rel=1e-6)
+    out = tmp_path / "stacked.zarr"
+    run(zfeed_cmd, source, out, "--stack")
+    data = zfeed.open(out)["data"]
+    names = data.attrs["variables"]
+    np.testing.assert_array_equal(data[:, names.index("h")], half.astype(np.float32))
+    np.testing.assert_array_equal(data[:, names.index("f")], full)

@@ -166,3 +166,24 @@ def test_different_grids_are_an_error(shared, tmp_path):
     proc = convert(shared / HOURLY, moved, out, ok=False)
     assert proc.returncode == 1 and "mismatched grids: coordinate latitude differs" in proc.stderr, proc.stderr
     assert not out.exists()
+
+
+def test_missing_values_without_a_bitmap_are_nan(tmp_path):
+    """Complex packing with missing value management (NCEP's products) marks missing points with
+    no bitmap; they are NaN, as cfgrib reads them, not the coded missing value."""
+    handle = eccodes.codes_grib_new_from_samples("regular_ll_sfc_grib2")
+    for key, value in {"Ni": 4, "Nj": 3, "numberOfDataPoints": 12, "packingType": "grid_complex",
+                       "missingValueManagementUsed": 1, "missingValue": 9999}.items():
+        eccodes.codes_set(handle, key, value)
+    values = np.arange(12, dtype=float) * 0.5 + 250
+    values[[2, 9]] = 9999
+    eccodes.codes_set_values(handle, values)
+    assert eccodes.codes_get(handle, "bitmapPresent") == 0
+    with open(tmp_path / "complex.grib2", "wb") as f:
+        eccodes.codes_write(handle, f)
+    eccodes.codes_release(handle)
+    convert(tmp_path / "complex.grib2", tmp_path / "out.zarr")
+    got = zfeed.open(tmp_path / "out.zarr")["t"][...].reshape(-1)
+    expected = open_cfgrib(tmp_path / "complex.grib2")["t"].values.reshape(-1)
+    assert np.isnan(got[[2, 9]]).all() and np.isnan(expected[[2, 9]]).all()
+    np.testing.assert_allclose(got, expected, rtol=1e-6)

@@ -20,9 +20,24 @@ void decode(const CfDecoding& plan, const void* in_bytes, void* out_bytes, size_
   }
 }
 
+// Half floats (cast to a wider float, as --stack does): by their bits.
+template <typename Out>
+void decode_half(const CfDecoding& plan, const void* in_bytes, void* out_bytes, size_t count,
+                 double (*to_double)(uint16_t)) {
+  const auto* in = static_cast<const uint16_t*>(in_bytes);
+  Out* out = static_cast<Out*>(out_bytes);
+  for (size_t i = 0; i < count; ++i) {
+    out[i] = static_cast<Out>(plan.encoding.decode(to_double(in[i])));
+  }
+}
+
 template <typename Out>
 void decode_from(const CfDecoding& plan, const void* in, void* out, size_t count) {
   switch (plan.input.id) {
+    case DataTypeId::kFloat16:
+      return decode_half<Out>(plan, in, out, count, float16_to_double);
+    case DataTypeId::kBFloat16:
+      return decode_half<Out>(plan, in, out, count, bfloat16_to_double);
     case DataTypeId::kInt8:
       return decode<int8_t, Out>(plan, in, out, count);
     case DataTypeId::kUInt8:

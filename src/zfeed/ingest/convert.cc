@@ -632,8 +632,8 @@ class ProgressRecord {
     const Json plans = document.value("plans", Json::object());
     if (!plans.contains(name) || plans[name] != to_json(plan)) return;
     for (const auto& range : document.at("done").value(name, Json::array())) {
-      for (uint64_t u = range.at(0).get<uint64_t>(); u < range.at(1).get<uint64_t>(); ++u)
-        done_[name].insert(u);
+      const uint64_t first = range.at(0).get<uint64_t>(), stop = range.at(1).get<uint64_t>();
+      for (uint64_t u = first; u < stop; ++u) add(done_[name], u);
     }
   }
   static std::optional<UnitPlan> recorded_plan(const Json& document, const std::string& name) {
@@ -645,23 +645,22 @@ class ProgressRecord {
   void set_plan(const std::string& name, const UnitPlan& plan) { plans_[name] = to_json(plan); }
   bool is_done(const std::string& name, uint64_t unit) const {
     auto it = done_.find(name);
-    return it != done_.end() && it->second.count(unit);
+    if (it == done_.end()) return false;
+    auto range = it->second.upper_bound(unit);  // the first range starting past unit
+    return range != it->second.begin() && unit < std::prev(range)->second;
   }
   void mark_done(const std::string& name, uint64_t unit) {
-    done_[name].insert(unit);
+    add(done_[name], unit);
     save();
   }
   void save() const {
-    // Finished units as [start, stop) ranges: the record stays small however many units there are.
+    // Finished units as [start, stop) ranges: the record stays small however many units there
+    // are, and writing it costs the ranges (units finish about in order), not the units.
     Json done = Json::object();
-    for (const auto& [name, units] : done_) {
-      Json ranges = Json::array();
-      for (auto it = units.begin(); it != units.end();) {
-        uint64_t first = *it, last = *it;
-        while (++it != units.end() && *it == last + 1) ++last;
-        ranges.push_back(Json::array({first, last + 1}));
-      }
-      done[name] = ranges;
+    for (const auto& [name, ranges] : done_) {
+      Json list = Json::array();
+      for (const auto& [first, stop] : ranges) list.push_back(Json::array({first, stop}));
+      done[name] = list;
     }
     Json document = {{"zfeed", "convert progress: the output is incomplete while this file exists"},
                      {"arguments", arguments_},
@@ -675,10 +674,34 @@ class ProgressRecord {
   static Json to_json(const UnitPlan& plan) {
     return Json::array({plan.rows, plan.split_dim, plan.block});
   }
+  // Disjoint [first, stop) ranges by first, merged with their neighbours as units come.
+  using Ranges = std::map<uint64_t, uint64_t>;
+  static void add(Ranges& ranges, uint64_t unit) {
+    auto next = ranges.upper_bound(unit);
+    if (next != ranges.begin()) {
+      auto before = std::prev(next);
+      if (unit < before->second) return;  // already there
+      if (unit == before->second) {
+        before->second = unit + 1;
+        if (next != ranges.end() && next->first == unit + 1) {
+          before->second = next->second;
+          ranges.erase(next);
+        }
+        return;
+      }
+    }
+    if (next != ranges.end() && next->first == unit + 1) {
+      const uint64_t stop = next->second;
+      ranges.erase(next);
+      ranges.emplace(unit, stop);
+      return;
+    }
+    ranges.emplace(unit, unit + 1);
+  }
   std::shared_ptr<Store> store_;
   Json arguments_;
   Json plans_ = Json::object();
-  std::map<std::string, std::set<uint64_t>> done_;
+  std::map<std::string, Ranges> done_;
 };
 
 }  // namespace
@@ -788,19 +811,27 @@ ConvertResult convert(const ConvertOptions& options) {
   compressor_codec(options.codec, DataType{DataTypeId::kFloat32});  // fail early on a bad spec
   std::error_code ec;
   const fs::path out_path(options.output);
-  // An input inside the output would be removed by --overwrite, or overwritten.
-  auto canonical = [&](const std::string& path) {
+  // An input inside the output would be removed by --overwrite, or overwritten; an output
+  // inside an input would overwrite part of it.
+  auto canonical = [&](std::string path) {
+    if (path.starts_with("file://")) path = path.substr(7);
     fs::path p = fs::weakly_canonical(path, ec);
     return p.has_filename() ? p : p.parent_path();
   };
+  auto holds = [](const fs::path& outer, const fs::path& inner) {
+    return std::mismatch(outer.begin(), outer.end(), inner.begin(), inner.end()).first ==
+           outer.end();
+  };
   const fs::path out_canonical = canonical(options.output);
   for (const auto& input : options.inputs) {
-    if (input.find("://") != std::string::npos) continue;
+    if (input.find("://") != std::string::npos && !input.starts_with("file://")) continue;
     const fs::path in = canonical(input);
-    auto [end, rest] =
-        std::mismatch(out_canonical.begin(), out_canonical.end(), in.begin(), in.end());
-    if (end == out_canonical.end()) {
+    if (holds(out_canonical, in)) {
       throw Error(options.output + ": the output is (or holds) the input " + input +
+                  "; write to another path");
+    }
+    if (holds(in, out_canonical)) {
+      throw Error(options.output + ": the output lies inside the input " + input +
                   "; write to another path");
     }
   }

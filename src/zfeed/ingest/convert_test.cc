@@ -426,6 +426,14 @@ TEST(Rechunk, KeepsValuesDataTypesAndAttributes) {
   options.output = dir / "in.zarr";
   options.overwrite = true;
   EXPECT_CONTAINS(error_of([&] { rechunk(options); }), "is (or holds) the input");
+  // Also named by a file:// URL, and an output inside the input.
+  options.inputs = {"file://" + (dir / "in.zarr")};
+  EXPECT_CONTAINS(error_of([&] { rechunk(options); }), "is (or holds) the input file://");
+  options.inputs = {dir / "in.zarr"};
+  options.output = dir / "in.zarr/t";
+  EXPECT_CONTAINS(error_of([&] { rechunk(options); }), "the output lies inside the input");
+  EXPECT_EQ(read_all_values<float>(dir / "out.zarr", "t"),
+            read_all_values<float>(dir / "in.zarr", "t"));  // the input untouched
   options.inputs = {dir / "missing.nc"};
   EXPECT_CONTAINS(error_of([&] { rechunk(options); }), "missing.nc");
 }

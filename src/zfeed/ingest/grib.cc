@@ -264,7 +264,8 @@ struct Grid {
   long ni = 0;
   long nj = 0;
   double lat_first = 0, lat_last = 0, lon_first = 0, lon_last = 0;
-  long gaussian_n = 0;  // regular_gg only
+  bool westward = false;  // iScansNegatively: the points of a row run west
+  long gaussian_n = 0;    // regular_gg only
 
   bool operator==(const Grid&) const = default;
 
@@ -306,6 +307,7 @@ Grid grid_of(const Keys& keys, const std::string& where) {
   grid.lat_last = keys.real("latitudeOfLastGridPointInDegrees");
   grid.lon_first = keys.real("longitudeOfFirstGridPointInDegrees");
   grid.lon_last = keys.real("longitudeOfLastGridPointInDegrees");
+  grid.westward = keys.integer_or("iScansNegatively", 0) != 0;
   for (double degrees : {grid.lat_first, grid.lat_last, grid.lon_first, grid.lon_last}) {
     if (!std::isfinite(degrees) || std::fabs(degrees) > 720) {
       throw Error(where + ": grid corner " + format_number(degrees) + " degrees (corrupt header?)");
@@ -337,9 +339,18 @@ std::vector<double> spaced(double first, double last, long count) {
 
 std::vector<double> longitudes_of(const Grid& grid) {
   double last = grid.lon_last;
-  // A grid across the meridian where longitudes wrap (first 350, last 10 means 350..370).
-  if (grid.ni > 1 && last < grid.lon_first && grid.lon_first - last > 180) last += 360;
-  return spaced(grid.lon_first, last, grid.ni);
+  // GRIB keeps longitudes in [0, 360): a row that crosses the meridian eastward has its last
+  // point "before" its first (350 to 10; a grid from -180, kept as 180, to 179.75), a westward
+  // one the other way.
+  if (grid.ni > 1 && !grid.westward && last < grid.lon_first) last += 360;
+  if (grid.ni > 1 && grid.westward && last > grid.lon_first) last -= 360;
+  std::vector<double> longitudes = spaced(grid.lon_first, last, grid.ni);
+  // Past 360 after that: the same points from below 0 (-10 to 10; -180 to 179.75), so that the
+  // coordinate stays monotonic and within [-180, 360].
+  if (std::max(longitudes.front(), longitudes.back()) > 360) {
+    for (double& longitude : longitudes) longitude -= 360;
+  }
+  return longitudes;
 }
 
 std::vector<double> latitudes_of(const Grid& grid, const std::string& where) {
@@ -1028,8 +1039,9 @@ void GribSource::decode(uint32_t index, std::vector<float>& field) const {
       if (status != 0) throw Error(where(index) + ": " + what + ": " + eccodes_error(status));
     };
     if (codes_get_long(handle.get(), "bitmapPresent", &bitmap) != 0) bitmap = 0;
-    if (bitmap)
-      check(codes_set_double(handle.get(), "missingValue", kMissingValue), "missingValue");
+    // Missing points come as missingValue with a bitmap and also without one (complex packing's
+    // missing value management): set it to a value no field holds, whichever.
+    check(codes_set_double(handle.get(), "missingValue", kMissingValue), "missingValue");
     size_t size = 0;
     check(codes_get_size(handle.get(), "values", &size), "values");
     if (size != points) {
@@ -1057,8 +1069,8 @@ void GribSource::decode(uint32_t index, std::vector<float>& field) const {
   }
   field.resize(points);
   for (size_t i = 0; i < points; ++i) {
-    field[i] = bitmap && values[i] == kMissingValue ? std::numeric_limits<float>::quiet_NaN()
-                                                    : to_float(values[i]);
+    field[i] =
+        values[i] == kMissingValue ? std::numeric_limits<float>::quiet_NaN() : to_float(values[i]);
   }
 }
 

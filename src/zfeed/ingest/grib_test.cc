@@ -17,6 +17,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iterator>
 #include <thread>
@@ -131,6 +132,7 @@ struct FieldSpec {
   double lat_first = 10, lat_last = 8, lon_first = 0, lon_last = 3;
   std::vector<double> values;  // empty: a ramp
   bool bitmap = false;         // values equal to 9999 are missing
+  bool westward = false;       // iScansNegatively
 };
 
 std::string make_message(const FieldSpec& spec) {
@@ -154,7 +156,10 @@ std::string make_message(const FieldSpec& spec) {
     ok(codes_set_double(h, "latitudeOfLastGridPointInDegrees", spec.lat_last), "lat2");
     ok(codes_set_double(h, "longitudeOfFirstGridPointInDegrees", spec.lon_first), "lon1");
     ok(codes_set_double(h, "longitudeOfLastGridPointInDegrees", spec.lon_last), "lon2");
-    const double di = spec.ni > 1 ? (spec.lon_last - spec.lon_first) / double(spec.ni - 1) : 1;
+    ok(codes_set_long(h, "iScansNegatively", spec.westward), "iScansNegatively");
+    const double span =
+        spec.westward ? spec.lon_first - spec.lon_last : spec.lon_last - spec.lon_first;
+    const double di = spec.ni > 1 ? std::fmod(span + 360.0, 360.0) / double(spec.ni - 1) : 1;
     const double dj =
         spec.nj > 1 ? std::fabs(spec.lat_last - spec.lat_first) / double(spec.nj - 1) : 1;
     ok(codes_set_double(h, "iDirectionIncrementInDegrees", di), "di");
@@ -431,6 +436,25 @@ TEST(GribSource, Grib2WithBitmapGivesNaN) {
       }
     }
   }
+}
+
+TEST(GribSource, LongitudesAcrossTheMeridianAndWestwardRows) {
+  TempDir dir;
+  auto longitudes = [&](double first, double last, long ni, bool westward) {
+    FieldSpec spec;
+    spec.ni = ni;
+    spec.lon_first = first;
+    spec.lon_last = last;
+    spec.westward = westward;
+    write_file(dir / "grid.grib2", make_message(spec));
+    return read_whole<double>(GribSource(dir / "grid.grib2"), "longitude");
+  };
+  // A global grid from -180 (GRIB keeps it as 180) to 90, as ECMWF's open data runs.
+  EXPECT_EQ(longitudes(-180, 90, 4, false), (std::vector<double>{-180, -90, 0, 90}));
+  EXPECT_EQ(longitudes(350, 10, 3, false), (std::vector<double>{-10, 0, 10}));
+  EXPECT_EQ(longitudes(0, 270, 4, false), (std::vector<double>{0, 90, 180, 270}));
+  EXPECT_EQ(longitudes(90, 0, 4, true), (std::vector<double>{90, 60, 30, 0}));
+  EXPECT_EQ(longitudes(10, 350, 3, true), (std::vector<double>{10, 0, -10}));
 }
 
 TEST(GribSource, RegularGaussianGrid) {

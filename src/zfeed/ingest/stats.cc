@@ -89,8 +89,21 @@ void convert(const uint8_t* raw, size_t n, double* out) {
   }
 }
 
+// Half floats by their bits (`to_double` of 16-bit patterns).
+void convert_half(const uint8_t* raw, size_t n, double* out, double (*to_double)(uint16_t)) {
+  for (size_t i = 0; i < n; ++i) {
+    uint16_t bits;
+    std::memcpy(&bits, raw + i * 2, 2);
+    out[i] = to_double(bits);
+  }
+}
+
 void to_double(DataType dtype, const uint8_t* raw, size_t n, double* out) {
   switch (dtype.id) {
+    case DataTypeId::kFloat16:
+      return convert_half(raw, n, out, float16_to_double);
+    case DataTypeId::kBFloat16:
+      return convert_half(raw, n, out, bfloat16_to_double);
     case DataTypeId::kFloat32:
       return convert<float>(raw, n, out);
     case DataTypeId::kFloat64:

@@ -343,6 +343,15 @@ std::shared_ptr<Store> open_synth_output(const std::string& output, bool overwri
     if (!overwrite)
       throw Error(store->url() +
                   ": already exists and is not empty (pass --overwrite to replace it)");
+    // --overwrite replaces a Zarr store, never a directory of other files.
+    bool zarr = false;
+    for (const char* marker : {"zarr.json", ".zgroup", ".zarray"})
+      zarr = zarr || store->size(marker);
+    if (!zarr) {
+      throw Error(store->url() +
+                  ": holds files and is not a Zarr store; refusing to replace it (give a new or "
+                  "empty directory)");
+    }
     store->erase_prefix("");
   }
   return store;

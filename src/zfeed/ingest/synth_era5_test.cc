@@ -171,6 +171,14 @@ TEST(SynthEra5, WritesStore) {
   write_era5_synth(options);
   EXPECT_EQ(zarr::Group::open(store, "").members(),
             (std::vector<std::string>{"latitude", "longitude", "q500", "time"}));
+  // --overwrite replaces a Zarr store, never a directory of someone's files.
+  const std::string other = (dir / "thesis").string();
+  std::filesystem::create_directories(other + "/photos");
+  make_file_store(other)->set("notes.txt", as_bytes("mine"));
+  options.output = other;
+  EXPECT_TRUE(testing::contains(testing::error_of([&] { write_era5_synth(options); }),
+                                "holds files and is not a Zarr store; refusing to replace it"));
+  EXPECT_TRUE(make_file_store(other)->size("notes.txt"));
   std::filesystem::remove_all(dir);
 }
 
