@@ -307,3 +307,23 @@ def test_float16_variables_get_statistics_and_stack(zfeed_cmd, tmp_path):
     names = data.attrs["variables"]
     np.testing.assert_array_equal(data[:, names.index("h")], half.astype(np.float32))
     np.testing.assert_array_equal(data[:, names.index("f")], full)
+
+
+def test_inputs_whose_times_count_from_other_dates_are_refused(zfeed_cmd, tmp_path):
+    """Files that each count time from their own start (MERRA-2's daily files) cannot be joined
+    by their raw values: that would repeat the times. The error says so rather than write it."""
+    xr = pytest.importorskip("xarray")
+    parts = []
+    for day in (1, 2):
+        ds = xr.Dataset({"t": (("time", "lat"), np.full((24, 2), float(day), np.float32))},
+                        coords={"time": np.arange(f"2020-01-0{day}", f"2020-01-0{day + 1}",
+                                                  dtype="datetime64[h]").astype("datetime64[ns]"),
+                                "lat": [0.0, 1.0]})
+        path = tmp_path / f"d{day}.zarr"
+        ds.to_zarr(path, zarr_format=3, encoding={"time": {"units": f"hours since 2020-01-0{day}",
+                                                           "dtype": "int64"}})
+        parts.append(path)
+    proc = run(zfeed_cmd, *parts, tmp_path / "out.zarr", check=False)
+    assert proc.returncode != 0
+    assert ('time has units "hours since 2020-01-01" in' in proc.stderr
+            and '"hours since 2020-01-02" in' in proc.stderr), proc.stderr

@@ -1002,6 +1002,23 @@ ConvertResult convert(const ConvertOptions& options) {
                     " differs in dimensions, shape or data type between " + first.path() + " and " +
                     sources[i]->path());
       }
+      // Values "since" a date join only where every input counts from the same date, in the same
+      // unit and calendar: files that each count from their own start would repeat the times.
+      if (joined && i > 0) {
+        for (const char* key : {"units", "calendar"}) {
+          const Json mine = piece->attributes.value(key, Json());
+          const Json theirs = variable.attributes.value(key, Json());
+          const Json& units = variable.attributes.value("units", Json());
+          if (units.is_string() && units.get<std::string>().find(" since ") != std::string::npos &&
+              mine != theirs) {
+            throw Error("mismatched inputs: " + variable.name + " has " + key + " " +
+                        theirs.dump() + " in " + first.path() + " and " + mine.dump() + " in " +
+                        sources[i]->path() +
+                        ": joined values need one encoding (write the inputs with the same time "
+                        "units, or convert them one by one)");
+          }
+        }
+      }
       const uint64_t length = variable.rank() == 0 ? 0 : piece->shape[0];
       parts.push_back({sources[i].get(), piece, offset, length});
       offset += length;
