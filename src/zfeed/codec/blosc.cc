@@ -132,6 +132,8 @@ std::shared_ptr<Codec> make_blosc(const Json& configuration, const ChunkSpec& sp
 }
 
 ZFEED_REGISTER_CODEC("blosc", make_blosc);
+// zarr-python's numcodecs.blosc: the same chunks, settings as numcodecs writes them.
+ZFEED_REGISTER_CODEC("numcodecs.blosc", make_blosc);
 
 }  // namespace
 }  // namespace zfeed

@@ -87,7 +87,21 @@ std::shared_ptr<Codec> make_crc32c(const Json& configuration, const ChunkSpec&) 
   return std::make_shared<Crc32cCodec>();
 }
 
+// numcodecs' CRC32C (zarr-python's numcodecs.crc32c): the same checksum after the data, where
+// `location` is "end" (its default); at the start it is another layout.
+std::shared_ptr<Codec> make_numcodecs_crc32c(const Json& configuration, const ChunkSpec&) {
+  CodecConfig config("numcodecs.crc32c", configuration);
+  config.reject_unknown({"location"});
+  const std::string location = config.string("location", "end");
+  if (location != "end") {
+    throw UnsupportedError("codec numcodecs.crc32c: location \"" + location +
+                           "\" is not supported (the checksum after the data, \"end\", is)");
+  }
+  return std::make_shared<Crc32cCodec>();
+}
+
 ZFEED_REGISTER_CODEC("crc32c", make_crc32c);
+ZFEED_REGISTER_CODEC("numcodecs.crc32c", make_numcodecs_crc32c);
 
 }  // namespace
 }  // namespace zfeed

@@ -39,7 +39,8 @@ class DeflateCodec final : public BytesToBytesCodec {
   Bytes encode(ByteView decoded) const override {
     // libdeflate's levels 1..12 are stronger at the top; 0 stores (supported since 1.15), so
     // map 0 to 1 for older libraries.
-    int level = level_ == 0 ? 1 : level_;
+    // -1 is zlib's default level (6), which numcodecs passes through.
+    int level = level_ == 0 ? 1 : level_ < 0 ? 6 : level_;
     libdeflate_compressor* compressor = libdeflate_alloc_compressor(level);
     if (compressor == nullptr) throw Error(std::string(label()) + ": cannot create a compressor");
     size_t bound = container_ == Container::kGzip
@@ -144,13 +145,14 @@ CodecFactory deflate_factory(Container container, std::string name) {
     CodecConfig config(name, configuration);
     config.reject_unknown({"level"});
     int level = static_cast<int>(config.integer(
-        "level", 0, 9, container == Container::kZlib ? 1 : std::optional<int64_t>()));
+        "level", -1, 9, container == Container::kZlib ? 1 : std::optional<int64_t>()));
     return std::make_shared<DeflateCodec>(container, name, level);
   };
 }
 
 ZFEED_REGISTER_CODEC("gzip", deflate_factory(Container::kGzip, "gzip"));
 ZFEED_REGISTER_CODEC("numcodecs.zlib", deflate_factory(Container::kZlib, "numcodecs.zlib"));
+ZFEED_REGISTER_CODEC("numcodecs.gzip", deflate_factory(Container::kGzip, "numcodecs.gzip"));
 
 }  // namespace
 }  // namespace zfeed

@@ -56,7 +56,19 @@ TEST(DeflateCodecs, ZlibLevelDefaultsAndGzipNeedsOne) {
                     make_chain(R"(["bytes", {"name": "gzip", "configuration": {"level": 10}}])",
                                spec);
                   }),
-                  "\"level\" must be in 0..9");
+                  "\"level\" must be in -1..9");
+  // Levels numcodecs writes that mean something to encoding only: zlib's default (-1).
+  for (const char* name : {"gzip", "numcodecs.zlib"}) {
+    CodecChain any_level = make_chain(
+        std::string(R"(["bytes", {"name": ")") + name + R"(", "configuration": {"level": -1}}])",
+        spec);
+    EXPECT_EQ(any_level.to_json()[1]["configuration"]["level"], -1);
+    std::vector<uint8_t> values(10, 7);
+    Bytes encoded = any_level.encode(values.data());
+    std::vector<uint8_t> back(10);
+    any_level.decode(encoded, back.data());
+    EXPECT_EQ(back, values);
+  }
 }
 
 TEST(DeflateCodecs, StreamsFromOtherWritersDecode) {

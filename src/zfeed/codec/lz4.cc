@@ -2,6 +2,7 @@
 // little-endian header holding the decoded size.
 #include <lz4.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "zfeed/codec/codec.h"
@@ -25,9 +26,9 @@ class Lz4Codec final : public BytesToBytesCodec {
     Bytes out(4 + static_cast<size_t>(bound));
     uint32_t size = static_cast<uint32_t>(decoded.size());
     std::memcpy(out.data(), &size, 4);
-    int written = LZ4_compress_fast(reinterpret_cast<const char*>(decoded.data()),
-                                    reinterpret_cast<char*>(out.data() + 4),
-                                    static_cast<int>(decoded.size()), bound, acceleration_);
+    int written = LZ4_compress_fast(
+        reinterpret_cast<const char*>(decoded.data()), reinterpret_cast<char*>(out.data() + 4),
+        static_cast<int>(decoded.size()), bound, std::clamp(acceleration_, 1, 65537));
     if (written <= 0) throw Error("lz4: compression failed");
     out.resize(4 + static_cast<size_t>(written));
     return out;
@@ -79,7 +80,9 @@ class Lz4Codec final : public BytesToBytesCodec {
 std::shared_ptr<Codec> make_lz4(const Json& configuration, const ChunkSpec&) {
   CodecConfig config("numcodecs.lz4", configuration);
   config.reject_unknown({"acceleration"});
-  return std::make_shared<Lz4Codec>(static_cast<int>(config.integer("acceleration", 1, 65537, 1)));
+  // Any int, as numcodecs takes it (below 1 is 1, lz4 caps the top): it matters to encoding only.
+  return std::make_shared<Lz4Codec>(
+      static_cast<int>(config.integer("acceleration", INT32_MIN, INT32_MAX, 1)));
 }
 
 ZFEED_REGISTER_CODEC("numcodecs.lz4", make_lz4);

@@ -40,6 +40,11 @@ TEST(Lz4Codec, RoundTripAndHeader) {
       make_chain(R"(["bytes", {"name": "numcodecs.lz4", "configuration": {"acceleration": 50}}])",
                  make_spec(DataTypeId::kUInt8, {1000})),
       testing::sample_chunk(make_spec(DataTypeId::kUInt8, {1000})));
+  // numcodecs takes an acceleration of 0 or below (lz4's default, 1): such stores open.
+  testing::expect_round_trip(
+      make_chain(R"(["bytes", {"name": "numcodecs.lz4", "configuration": {"acceleration": 0}}])",
+                 make_spec(DataTypeId::kUInt8, {1000})),
+      testing::sample_chunk(make_spec(DataTypeId::kUInt8, {1000})));
 }
 
 TEST(Lz4Codec, CorruptTruncatedAndBomb) {

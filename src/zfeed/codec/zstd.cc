@@ -4,6 +4,8 @@
 #include <zstd.h>
 #include <zstd_errors.h>
 
+#include <algorithm>
+
 #include "zfeed/codec/codec.h"
 #include "zfeed/util/error.h"
 
@@ -68,7 +70,9 @@ class ZstdCodec final : public BytesToBytesCodec {
   Bytes encode(ByteView decoded) const override {
     ZSTD_CCtx* context = thread_cctx();
     ZSTD_CCtx_reset(context, ZSTD_reset_session_and_parameters);
-    ZSTD_CCtx_setParameter(context, ZSTD_c_compressionLevel, level_);
+    // Beyond zstd's levels (numcodecs takes any integer): the nearest one, as zstd itself does.
+    ZSTD_CCtx_setParameter(context, ZSTD_c_compressionLevel,
+                           std::clamp(level_, ZSTD_minCLevel(), ZSTD_maxCLevel()));
     ZSTD_CCtx_setParameter(context, ZSTD_c_checksumFlag, checksum_ ? 1 : 0);
     ZSTD_CCtx_setParameter(context, ZSTD_c_contentSizeFlag, 1);
     Bytes out(ZSTD_compressBound(decoded.size()));
@@ -214,7 +218,9 @@ class ZstdCodec final : public BytesToBytesCodec {
 std::shared_ptr<Codec> make_zstd(const Json& configuration, const ChunkSpec&) {
   CodecConfig config("zstd", configuration);
   config.reject_unknown({"level", "checksum"});
-  int level = static_cast<int>(config.integer("level", ZSTD_minCLevel(), ZSTD_maxCLevel(), 0));
+  // Any int: the level matters to encoding only (clamped there), and stores written with one
+  // out of range (numcodecs takes any) must open.
+  int level = static_cast<int>(config.integer("level", INT32_MIN, INT32_MAX, 0));
   bool checksum = false;
   if (const Json* value = config.find("checksum")) {
     if (!value->is_boolean())
@@ -225,6 +231,8 @@ std::shared_ptr<Codec> make_zstd(const Json& configuration, const ChunkSpec&) {
 }
 
 ZFEED_REGISTER_CODEC("zstd", make_zstd);
+// zarr-python's numcodecs codecs (numcodecs.zarr3): the same frames and settings.
+ZFEED_REGISTER_CODEC("numcodecs.zstd", make_zstd);
 
 }  // namespace
 }  // namespace zfeed
