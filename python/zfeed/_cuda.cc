@@ -144,7 +144,7 @@ nb::object export_dlpack(CudaTensor& tensor, const nb::object& stream,
       !max_version.is_none() && nb::cast<std::pair<int, int>>(max_version).first >= 1;
   const std::optional<cudaStream_t> consumer = consumer_stream(stream);
   if (consumer) {
-    zfeed::cuda::set_device(tensor.device);
+    zfeed::cuda::DeviceScope device(tensor.device);
     tensor.handle->slot()->ready.wait_on(*consumer);
     tensor.handle->used_on(*consumer);
   }

@@ -14,6 +14,16 @@ uint32_t read_u32(const uint8_t* p) {
   return uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24;
 }
 
+// A chunk the GPU path does not take as it is: the CPU decodes it with c-blosc, which reads what
+// it can and refuses what is corrupt with its own error.
+BloscGpuPlan on_cpu(BloscGpuPlan plan, const std::string& why) {
+  plan.gpu = false;
+  plan.why = "blosc chunk for the CPU: " + why;
+  plan.streams.clear();
+  plan.blocks.clear();
+  return plan;
+}
+
 BloscGpuPlan corrupt(BloscGpuPlan plan, const std::string& what) {
   plan.gpu = false;
   plan.error = "blosc: corrupt chunk: " + what;
@@ -30,7 +40,7 @@ BloscGpuPlan plan_blosc_gpu(const uint8_t* data, size_t size, uint64_t decoded_s
   if (data == nullptr || size < kHeaderSize)
     return corrupt(plan, std::to_string(size) + " bytes, shorter than the 16-byte header");
   const uint8_t version = data[0], flags = data[2];
-  const uint64_t typesize = data[3] == 0 ? 1 : data[3];
+  const uint64_t typesize = data[3];
   const uint64_t nbytes = read_u32(data + 4), block_size = read_u32(data + 8);
   const uint64_t stored_size = read_u32(data + 12);
   plan.typesize = typesize;
@@ -42,10 +52,18 @@ BloscGpuPlan plan_blosc_gpu(const uint8_t* data, size_t size, uint64_t decoded_s
   if (stored_size > size)
     return corrupt(plan, "its header says " + std::to_string(stored_size) + " bytes, " +
                              std::to_string(size) + " are stored");
+  // What the plan below does not cover exactly as c-blosc reads it goes to c-blosc.
+  if (version != 2) return on_cpu(plan, "format version " + std::to_string(version));
+  if (typesize == 0) return on_cpu(plan, "type size 0");
+  if (flags & 0x08) return on_cpu(plan, "reserved flag 0x08 set");
+  if (stored_size != size) {
+    return on_cpu(plan, "its header says " + std::to_string(stored_size) + " bytes of " +
+                            std::to_string(size));
+  }
   if (flags & kStored) {  // the values follow the header as they are
-    if (kHeaderSize + nbytes > stored_size)
-      return corrupt(plan, "a stored copy of " + std::to_string(nbytes) + " bytes in " +
-                               std::to_string(stored_size));
+    if (kHeaderSize + nbytes != stored_size)
+      return on_cpu(plan, "a stored copy of " + std::to_string(nbytes) + " bytes in " +
+                              std::to_string(stored_size));
     plan.gpu = true;
     if (nbytes > 0) plan.streams.push_back({kHeaderSize, nbytes, 0, nbytes, true});
     plan.blocks.push_back({0, nbytes});
@@ -79,6 +97,10 @@ BloscGpuPlan plan_blosc_gpu(const uint8_t* data, size_t size, uint64_t decoded_s
     return plan;
   }
   if (block_size == 0) return corrupt(plan, "block size 0");
+  if (block_size > nbytes && nbytes > 0) {
+    return on_cpu(plan, "block size " + std::to_string(block_size) + " past its " +
+                            std::to_string(nbytes) + " bytes");
+  }
   const uint64_t blocks = (nbytes + block_size - 1) / block_size;
   if (kHeaderSize + 4 * blocks > stored_size)
     return corrupt(plan, std::to_string(blocks) + " block starts do not fit in " +
@@ -93,6 +115,10 @@ BloscGpuPlan plan_blosc_gpu(const uint8_t* data, size_t size, uint64_t decoded_s
                                     block_size / typesize >= kMinBufferSize && !leftover
                                 ? typesize
                                 : 1;
+    if (bsize % splits != 0) {  // the streams would not cover the block
+      return on_cpu(plan, "block " + std::to_string(b) + " of " + std::to_string(bsize) +
+                              " bytes split in " + std::to_string(splits) + " streams");
+    }
     const uint64_t split_size = bsize / splits;
     uint64_t at = read_u32(data + kHeaderSize + 4 * b);
     for (uint64_t s = 0; s < splits; ++s) {

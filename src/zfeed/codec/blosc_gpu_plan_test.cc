@@ -154,6 +154,33 @@ TEST(BloscGpuPlan, CorruptChunksSayWhatIsWrong) {
   EXPECT_NE(error_of(long_stream, values.size()).find("runs past the end"), std::string::npos);
 }
 
+// Headers c-blosc refuses (or reads otherwise than the plan would) go to the CPU, whose c-blosc
+// reports them, never to the GPU with streams that leave bytes of the block unwritten.
+TEST(BloscGpuPlan, HeadersTheGpuPlanDoesNotCoverGoToTheCpu) {
+  const std::vector<uint8_t> values = smooth_values(200000);
+  const std::vector<uint8_t> chunk = compress(values, "lz4", 5, BLOSC_SHUFFLE, 4, 16384);
+  ASSERT_TRUE(plan_blosc_gpu(chunk.data(), chunk.size(), values.size()).gpu);
+  auto why_of = [&](std::vector<uint8_t> bytes) {
+    const BloscGpuPlan plan = plan_blosc_gpu(bytes.data(), bytes.size(), values.size());
+    EXPECT_FALSE(plan.gpu);
+    EXPECT_TRUE(plan.error.empty()) << plan.error;
+    return plan.why;
+  };
+  auto changed = [&](size_t at, uint8_t value) {
+    std::vector<uint8_t> bytes = chunk;
+    bytes[at] = value;
+    return bytes;
+  };
+  EXPECT_NE(why_of(changed(0, 1)).find("format version 1"), std::string::npos);
+  EXPECT_NE(why_of(changed(3, 0)).find("type size 0"), std::string::npos);
+  EXPECT_NE(why_of(changed(2, chunk[2] | 0x08)).find("reserved flag"), std::string::npos);
+  std::vector<uint8_t> trailing = chunk;
+  trailing.push_back(0);
+  EXPECT_NE(why_of(trailing).find("bytes of"), std::string::npos);
+  // Type size 7 over blocks of 16384 bytes: 7 streams of 2340 bytes leave 4 bytes of each block.
+  EXPECT_NE(why_of(changed(3, 7)).find("split in 7 streams"), std::string::npos);
+}
+
 TEST(Unshuffle, InvertsBloscsShuffleWithATail) {
   for (uint64_t typesize : {2u, 3u, 4u, 8u}) {
     std::vector<uint8_t> values(1003), shuffled(values.size()), back(values.size());

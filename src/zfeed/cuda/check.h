@@ -11,9 +11,15 @@
 namespace zfeed::cuda {
 
 inline void check(cudaError_t error, const char* what) {
-  if (error != cudaSuccess)
+  if (error != cudaSuccess) {
+    // Cleared from the thread's last error, which launches are checked by (cudaGetLastError):
+    // a failure handled here (an allocation the loader falls back from) must not fail the next
+    // kernel launch, nor reach a consumer's own checks on this thread. (Sticky errors, which
+    // end the context, stay whatever is cleared.)
+    (void)cudaGetLastError();
     throw Error(std::string("cuda: ") + what + ": " + cudaGetErrorName(error) + ": " +
                 cudaGetErrorString(error));
+  }
 }
 
 // Fills device memory and waits for it: cudaMemset runs on the legacy default stream, which does

@@ -8,6 +8,18 @@ namespace zfeed::cuda {
 
 void set_device(int index) { check(cudaSetDevice(index), "cudaSetDevice"); }
 
+DeviceScope::DeviceScope(int index) {
+  int current = 0;
+  check(cudaGetDevice(&current), "cudaGetDevice");
+  if (current == index) return;
+  check(cudaSetDevice(index), "cudaSetDevice");
+  previous_ = current;
+}
+
+DeviceScope::~DeviceScope() {
+  if (previous_ >= 0) (void)cudaSetDevice(previous_);
+}
+
 Stream::Stream() {
   check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
 }

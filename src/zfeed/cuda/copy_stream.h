@@ -14,6 +14,20 @@ namespace zfeed::cuda {
 // Selects device `index` for the calling thread (cudaSetDevice).
 void set_device(int index);
 
+// Device `index` for the calling thread within the scope, then the thread's own again: calls
+// from a consumer's thread (next(), a DLPack export) leave its current device (torch's "cuda")
+// as they found it.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int index);
+  ~DeviceScope();
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int previous_ = -1;  // -1: nothing to restore
+};
+
 // A non-blocking stream (does not synchronize with the legacy default stream).
 class Stream {
  public:

@@ -45,7 +45,8 @@ DeviceBatch::Handle::~Handle() {
   auto* shared = static_cast<DeviceLoader::Shared*>(shared_.get());
   std::lock_guard lock(shared->mutex);
   try {
-    if (!streams_.empty()) set_device(shared->device);
+    std::optional<DeviceScope> device;
+    if (!streams_.empty()) device.emplace(shared->device);
     for (cudaStream_t stream : streams_) {
       if (slot_->used_events == slot_->released.size())
         slot_->released.push_back(std::make_unique<Event>());
@@ -59,6 +60,10 @@ DeviceBatch::Handle::~Handle() {
 }
 
 void DeviceBatch::Handle::used_on(cudaStream_t stream) {
+  // A per-thread default stream is the using thread's, and the release is recorded on whichever
+  // thread drops the batch last (autograd's, say): recorded on the legacy stream instead, which
+  // waits for every blocking stream's work, the per-thread streams' included.
+  if (stream == cudaStreamPerThread) stream = cudaStreamLegacy;
   auto* shared = static_cast<DeviceLoader::Shared*>(shared_.get());
   std::lock_guard lock(shared->mutex);
   for (cudaStream_t known : streams_)
@@ -109,7 +114,7 @@ DeviceLoader::DeviceLoader(loader::LoaderSpec spec, DeviceLoaderOptions options)
     : options_(options), shared_(std::make_shared<Shared>()) {
   require_device(options_.device, "device='cuda:" + std::to_string(options_.device) + "'");
   if (options_.depth < 1) throw Error("loader: device depth must be at least 1");
-  set_device(options_.device);
+  DeviceScope device(options_.device);
   shared_->device = options_.device;
   spec.defer_normalization = true;
   const std::string& decode = options_.decode;
@@ -171,7 +176,7 @@ DeviceLoader::DeviceLoader(loader::LoaderSpec spec, DeviceLoaderOptions options)
 
 DeviceLoader::~DeviceLoader() {
   try {
-    set_device(options_.device);
+    DeviceScope device(options_.device);
     drain();
     if (located_registered_) reader_->deregister_buffer(located_.data());
   } catch (const Error&) {
@@ -508,7 +513,7 @@ void DeviceLoader::release_copied_host_batches(bool wait_for_all) {
 }
 
 std::optional<DeviceBatch> DeviceLoader::next() {
-  set_device(options_.device);
+  DeviceScope device(options_.device);
   for (;;) {
     try {
       return next_batch();
@@ -650,7 +655,7 @@ void DeviceLoader::drain() {
 
 void DeviceLoader::set_epoch(uint64_t epoch) {
   if (epoch == host_->epoch()) return;
-  set_device(options_.device);
+  DeviceScope device(options_.device);
   drain();
   host_->set_epoch(epoch);
   handed_out_ = 0;
@@ -671,7 +676,7 @@ Json DeviceLoader::state() const {
 }
 
 void DeviceLoader::restore(const Json& state) {
-  set_device(options_.device);
+  DeviceScope device(options_.device);
   drain();
   host_->restore(state);
   handed_out_ = host_->position();

@@ -769,9 +769,6 @@ void DeviceFileReader::State::fallback_read(OpenFile& file, uint64_t offset, siz
     bool pending = false;
   };
   Lane lanes[2];
-  lanes[0].slot = take_slot(true);
-  if (size > piece) lanes[1].slot = take_slot(false);
-  const int lane_count = lanes[1].slot == SIZE_MAX ? 1 : 2;
   auto finish = [&](bool rethrowing) {
     for (Lane& lane : lanes) {
       if (lane.pending) {
@@ -784,7 +781,12 @@ void DeviceFileReader::State::fallback_read(OpenFile& file, uint64_t offset, siz
       if (lane.slot != SIZE_MAX) give_slot(std::exchange(lane.slot, SIZE_MAX));
     }
   };
+  int lane_count = 1;
   try {
+    // Taken inside: a failed take (a pinned allocation) gives back the slot already taken.
+    lanes[0].slot = take_slot(true);
+    if (size > piece) lanes[1].slot = take_slot(false);
+    lane_count = lanes[1].slot == SIZE_MAX ? 1 : 2;
     for (int i = 0; i < lane_count; ++i) lanes[i].copied.emplace();
     size_t done = 0;
     for (uint64_t n = 0; done < size; ++n) {
