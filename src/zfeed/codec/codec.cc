@@ -243,6 +243,15 @@ std::optional<uint64_t> CodecChain::encoded_size() const {
   return size;
 }
 
+std::optional<uint64_t> CodecChain::max_encoded_size() const {
+  auto size = array_to_bytes_->max_encoded_size(array_to_bytes_spec_);
+  for (const auto& codec : bytes_to_bytes_) {
+    if (!size) return std::nullopt;
+    size = codec->max_encoded_size(*size);
+  }
+  return size;
+}
+
 Bytes CodecChain::encode(const uint8_t* chunk) const {
   Bytes scratch[2];
   const uint8_t* current = chunk;
@@ -268,7 +277,11 @@ void CodecChain::decode(ByteView encoded, uint8_t* out) const {
     std::vector<std::optional<uint64_t>> exact(n);
     std::vector<uint64_t> bound(n);
     std::optional<uint64_t> size = array_to_bytes_->encoded_size(array_to_bytes_spec_);
-    uint64_t limit = size ? *size : array_to_bytes_spec_.num_bytes() * 2 + (1u << 20);
+    // A shard's bound counts its index and each inner chunk's overhead (many small inner chunks
+    // make a shard larger than its values); else a generous one.
+    uint64_t limit = size ? *size
+                          : array_to_bytes_->max_encoded_size(array_to_bytes_spec_)
+                                .value_or(array_to_bytes_spec_.num_bytes() * 2 + (1u << 20));
     for (size_t i = 0; i < n; ++i) {
       exact[i] = size;
       bound[i] = limit;

@@ -69,6 +69,11 @@ class ArrayToBytesCodec : public Codec {
   virtual bool is_native_layout(const ChunkSpec&) const { return false; }
   // The encoded size when it does not depend on the values (needed for shard index codecs).
   virtual std::optional<uint64_t> encoded_size(const ChunkSpec&) const { return std::nullopt; }
+  // The most the encoded size can be, where known (a shard: its index and inner chunks' bounds);
+  // bounds what a compressor after this codec may decode to.
+  virtual std::optional<uint64_t> max_encoded_size(const ChunkSpec& spec) const {
+    return encoded_size(spec);
+  }
 };
 
 class BytesToBytesCodec : public Codec {
@@ -163,6 +168,8 @@ class CodecChain {
   // The sharding codec when it is the whole chain (so inner chunks can be read by range).
   const ShardingCodec* sharding() const;
   std::optional<uint64_t> encoded_size() const;
+  // The most an encoded chunk can be, where the codecs bound it.
+  std::optional<uint64_t> max_encoded_size() const;
   const std::vector<std::shared_ptr<const Codec>>& codecs() const { return all_; }
 
  private:

@@ -50,6 +50,14 @@ ShardingCodec::ShardingCodec(const ChunkSpec& shard_spec, std::vector<uint64_t> 
   index_size_ = *size;
 }
 
+std::optional<uint64_t> ShardingCodec::max_encoded_size(const ChunkSpec&) const {
+  const std::optional<uint64_t> inner = inner_.max_encoded_size();
+  if (!inner) return std::nullopt;
+  // Saturated: a bound past 64 bits bounds nothing.
+  if (*inner != 0 && num_inner_chunks_ > (UINT64_MAX - index_size_) / *inner) return UINT64_MAX;
+  return index_size_ + num_inner_chunks_ * *inner;
+}
+
 Json ShardingCodec::to_json() const {
   return {{"name", "sharding_indexed"},
           {"configuration",

@@ -34,6 +34,8 @@ class ShardingCodec final : public ArrayToBytesCodec {
 
   Bytes encode(const uint8_t* shard, const ChunkSpec& spec) const override;
   void decode(ByteView encoded, const ChunkSpec& spec, uint8_t* out) const override;
+  // The index and every inner chunk at its chain's bound (nullopt where that has none).
+  std::optional<uint64_t> max_encoded_size(const ChunkSpec& spec) const override;
 
   const CodecChain& inner() const { return inner_; }
   const std::vector<uint64_t>& inner_shape() const { return inner_shape_; }

@@ -151,6 +151,23 @@ TEST(ShardingCodec, InnerCodecsWithTransposeAndCompression) {
   testing::expect_round_trip(chain, values);
 }
 
+// Many small inner chunks make a shard larger than its values (16 bytes of index and the inner
+// codecs' overhead each): a compressor after the sharding codec must decode the shard whole.
+TEST(ShardingCodec, AShardFollowedByACompressorLargerThanItsValuesDecodes) {
+  auto spec = make_spec(DataTypeId::kUInt8, {131072});
+  Bytes values = testing::sample_chunk(spec, 5);
+  CodecChain chain = make_chain(
+      R"([{"name": "sharding_indexed", "configuration": {"chunk_shape": [1],
+            "codecs": [{"name": "bytes"}],
+            "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}}]}},
+          {"name": "gzip", "configuration": {"level": 1}}])",
+      spec);
+  // The shard's bound: its 16-byte index entries and one byte per inner chunk, then gzip's.
+  ASSERT_TRUE(chain.max_encoded_size());
+  EXPECT_GT(*chain.max_encoded_size(), 131072u * 17);
+  testing::expect_round_trip(chain, values);
+}
+
 TEST(ShardingCodec, ConfigurationErrors) {
   auto spec = make_spec(DataTypeId::kUInt8, {8, 8});
   auto message = [&](const std::string& json) {
