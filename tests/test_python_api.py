@@ -140,6 +140,84 @@ def test_setitem_from_read_only_and_other_dtypes(tmp_path):
         arr[0] = np.zeros(5)  # does not broadcast
 
 
+def test_writes_cast_as_numpy_2(tmp_path):
+    """A Python integer outside an integer dtype's range raises OverflowError (NumPy 2), never
+    wraps around; NumPy integers cast as NumPy casts them; integers go into bool as nonzero."""
+    u8 = zfeed.create(tmp_path / "u8", shape=(4,), dtype="uint8", data=np.array([1, 2, 3, 4]))
+    i8 = zfeed.create(tmp_path / "i8", shape=(3,), dtype="int8")
+    u64 = zfeed.create(tmp_path / "u64", shape=(2,), dtype="uint64")
+    for arr, key, value in [(u8, 0, -1), (u8, 1, 300), (u8, slice(0, 2), [1, 300]), (u8, ..., -1),
+                            (u8, [0, 2], [5, -2]), (i8, 0, 128), (i8, 0, -129), (u64, 0, -1), (u64, 0, 2**64),
+                            (i8, 0, 2**70)]:
+        want = np.zeros(arr.shape, arr.dtype)
+        with pytest.raises(OverflowError) as numpy_error:
+            want[key] = value
+        before = arr[...]
+        with pytest.raises(OverflowError, match=f"Python integer {value if np.isscalar(value) else ''}"):
+            arr[key] = value
+        np.testing.assert_array_equal(arr[...], before)
+        assert "out of bounds" in str(numpy_error.value) or "too large" in str(numpy_error.value)
+    u8[0], u8[1], u8[2:] = 255, 0, [0, 255]  # the ends of the range
+    np.testing.assert_array_equal(u8[...], [255, 0, 0, 255])
+    u8[0] = np.int64(-1)  # a NumPy integer: NumPy's cast (wraps)
+    u8[1:3] = np.array([-1, 256])
+    np.testing.assert_array_equal(u8[...], [255, 255, 0, 255])
+    u64[...] = 2**64 - 1
+    assert u64[0] == 2**64 - 1
+    flags = zfeed.create(tmp_path / "b", shape=(4,), dtype="bool")
+    flags[0] = 1
+    np.testing.assert_array_equal(flags[...], [True, False, False, False])
+    flags[:] = np.array([0, 2, 0, 1])
+    np.testing.assert_array_equal(flags[...], [False, True, False, True])
+    flags[[0, 1]] = [-3, 0]
+    flags.oindex[[3]] = np.uint8(0)
+    np.testing.assert_array_equal(flags[...], [True, False, False, False])
+    with pytest.raises(TypeError):
+        flags[0] = 0.5  # floats into bool: refused, as floats into integers
+
+
+def test_assignment_drops_leading_length_one_axes_as_numpy(tmp_path):
+    """NumPy takes values with extra leading length-1 axes (np.ones((1, 4)) into a row), in basic,
+    orthogonal and points selections alike; a single element still takes a scalar only."""
+    rng = np.random.default_rng(3)
+    cases = [
+        (np.s_[0], (1, 4)),
+        (np.s_[0], (1, 1, 4)),
+        (np.s_[0, 1:3], (1, 1, 2)),
+        (np.s_[1:3], (1, 2, 4)),
+        (np.s_[::-1, 2], (1, 3)),
+        (np.s_[...], (1, 1, 3, 4)),
+        (np.s_[[0, 2], :], (1, 2, 4)),
+        (np.s_[:, [1, 3]], (1, 3, 2)),
+        (np.s_[[1]], (1, 1, 1, 4)),
+        (np.s_[[0, 2], [1, 3]], (1, 2)),
+        (np.s_[[[0], [2]], [1, 3]], (1, 2, 2)),
+        (np.s_[[0, 2], 1], (1, 1, 2)),
+    ]
+    for key, shape in cases:
+        values = rng.integers(0, 100, shape).astype("float64")
+        want = np.zeros((3, 4))
+        want[key] = values
+        arr = zfeed.create(tmp_path / f"a{len(list(tmp_path.iterdir()))}", shape=(3, 4), chunks=(2, 3), dtype="float64")
+        arr[key] = values
+        np.testing.assert_array_equal(arr[...], want, err_msg=f"arr[{key}] = values of shape {shape}")
+    arr = zfeed.create(tmp_path / "o", shape=(3, 4), chunks=(2, 3), dtype="float64")
+    arr.oindex[[0, 2], [1, 3]] = np.arange(4.0).reshape(1, 2, 2)
+    want = np.zeros((3, 4))
+    want[np.ix_([0, 2], [1, 3])] = np.arange(4.0).reshape(2, 2)
+    np.testing.assert_array_equal(arr[...], want)
+    arr.vindex[[0, 1], [0, 0]] = np.array([[5.0, 6.0]])
+    want[[0, 1], [0, 0]] = [5.0, 6.0]
+    np.testing.assert_array_equal(arr[...], want)
+    with pytest.raises(ValueError):
+        arr[0] = np.ones((2, 1, 4))  # a leading axis longer than 1 still does not broadcast
+    with pytest.raises(ValueError):
+        arr[0, 0] = np.ones((1, 1))  # NumPy: "setting an array element with a sequence"
+    scalar = zfeed.create(tmp_path / "s", shape=(), dtype="float64")
+    scalar[...] = np.full((1, 1), 2.5)
+    assert scalar[()] == 2.5
+
+
 @pytest.mark.parametrize("dtype", ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
                                    "float16", "bfloat16", "float32", "float64", "complex64", "complex128"])
 def test_dtypes_and_0d(tmp_path, dtype):
@@ -280,6 +358,127 @@ def test_attributes_read_write(tmp_path, zarr_format):
     group = zfeed.create_group(tmp_path / "g", zarr_format=zarr_format, attributes={"title": "x"})
     group.attrs["history"] = "made by a test"
     assert zfeed.open(tmp_path / "g").attrs == {"title": "x", "history": "made by a test"}
+
+
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_every_attribute_change_is_written(tmp_path, zarr_format):
+    """pop, popitem, setdefault, clear and |= write the metadata as item assignment does; the
+    attributes still compare, print and serialize as the dict they are."""
+    arr = zfeed.create(tmp_path / "a", shape=(2,), dtype="int8", zarr_format=zarr_format,
+                       attributes={"a": 1, "b": 2, "c": 3})
+
+    def stored():
+        return zfeed.open(tmp_path / "a").attrs
+
+    attrs = arr.attrs
+    assert attrs.pop("a") == 1 and stored() == {"b": 2, "c": 3}
+    assert attrs.pop("absent", "default") == "default" and stored() == {"b": 2, "c": 3}
+    with pytest.raises(KeyError):
+        attrs.pop("absent")
+    assert attrs.setdefault("d", [4]) == [4] and stored() == {"b": 2, "c": 3, "d": [4]}
+    assert attrs.setdefault("b", 99) == 2 and stored()["b"] == 2
+    assert attrs.popitem() == ("d", [4]) and stored() == {"b": 2, "c": 3}
+    attrs |= {"e": {"f": None}}
+    assert isinstance(attrs, zfeed.array.Attributes) and stored() == {"b": 2, "c": 3, "e": {"f": None}}
+    attrs.update(g=1.5)
+    assert stored() == {"b": 2, "c": 3, "e": {"f": None}, "g": 1.5}
+    assert dict(zarr.open_array(str(tmp_path / "a"), mode="r").attrs) == stored()
+    attrs.clear()
+    assert stored() == {} and attrs == {}
+    with pytest.raises(KeyError):
+        attrs.popitem()
+    # A value JSON cannot hold: an error, and neither the attributes nor the metadata change.
+    attrs["kept"] = 1
+    with pytest.raises(TypeError):
+        attrs["bad"] = object()
+    with pytest.raises(TypeError):
+        attrs.update(bad={1, 2})
+    assert attrs == {"kept": 1} and stored() == {"kept": 1}
+    # Still a dict to its users.
+    assert attrs == {"kept": 1} and {"kept": 1} == attrs and repr(attrs) == "{'kept': 1}"
+    assert json.loads(json.dumps(attrs)) == {"kept": 1}
+    # |= on the node's attribute, and assigning a whole dict.
+    arr.attrs |= {"more": [1, 2]}
+    assert stored() == {"kept": 1, "more": [1, 2]}
+    arr.attrs = {"only": "this"}
+    assert stored() == {"only": "this"}
+    group = zfeed.create_group(tmp_path / "g", zarr_format=zarr_format, attributes={"title": "x", "n": 1})
+    group.attrs.pop("n")
+    group.attrs.setdefault("history", "made by a test")
+    assert zfeed.open(tmp_path / "g").attrs == {"title": "x", "history": "made by a test"}
+    group.attrs |= {"n": 2}
+    assert zfeed.open(tmp_path / "g").attrs == {"title": "x", "history": "made by a test", "n": 2}
+
+
+def test_open_modes(tmp_path):
+    """mode="r" reads only; "r+" (the default) reads and writes an existing node; "a" opens or
+    creates a group; "w" replaces with a new group; "w-" creates one where nothing is; any other
+    mode is an error."""
+    root = zfeed.create_group(tmp_path / "g", attributes={"title": "t"})
+    data = np.arange(12, dtype="float32").reshape(3, 4)
+    root.create_array("t", shape=(3, 4), chunks=(2, 2), dtype="float32", data=data, attributes={"units": "K"})
+    read_only = zfeed.open(tmp_path / "g", mode="r")
+    arr = read_only["t"]
+    assert read_only.read_only and arr.read_only
+    np.testing.assert_array_equal(arr[...], data)  # reads as ever
+    writes = [
+        lambda: arr.__setitem__(0, 1.0),
+        lambda: arr.__setitem__(([0, 2], slice(None)), 1.0),
+        lambda: arr.oindex.__setitem__(([0, 2], [1]), 1.0),
+        lambda: arr.vindex.__setitem__(([0, 2], [1, 3]), 1.0),
+        lambda: arr.vindex.__setitem__(np.s_[0, :], 1.0),
+        lambda: arr.attrs.__setitem__("units", "C"),
+        lambda: arr.attrs.pop("units"),
+        lambda: arr.attrs.clear(),
+        lambda: read_only.attrs.update(title="u"),
+        lambda: setattr(read_only, "attrs", {}),
+        lambda: read_only.create_array("new", shape=(2,)),
+        lambda: read_only.create_group("new"),
+        lambda: read_only.consolidate(),
+        lambda: zfeed.open(tmp_path / "g", path="t", mode="r").__setitem__(..., 0.0),
+        lambda: zfeed.open_array(tmp_path / "g", "t", mode="r").__setitem__(..., 0.0),
+        lambda: zfeed.open_group(tmp_path / "g", mode="r")["t"].__setitem__(..., 0.0),
+    ]
+    for write in writes:
+        with pytest.raises(zfeed.ZarrError, match="read-only .*mode='r'"):
+            write()
+    assert arr.attrs == {"units": "K"}  # unchanged, also locally
+    assert arr.attrs.setdefault("units", "C") == "K"  # a no-op reads
+    after = zfeed.open(tmp_path / "g")
+    np.testing.assert_array_equal(after["t"][...], data)
+    assert after.attrs == {"title": "t"} and after["t"].attrs == {"units": "K"} and list(after) == ["t"]
+    # The default, "r+", writes as before; so do open_array and open_group.
+    for writable in (zfeed.open(tmp_path / "g")["t"], zfeed.open(tmp_path / "g", path="t", mode="r+"),
+                     zfeed.open_array(tmp_path / "g", "t"), zfeed.open_group(tmp_path / "g", mode="r+")["t"]):
+        assert not writable.read_only
+        writable[0, 0] = 7.0
+        assert zfeed.open(tmp_path / "g", mode="r")["t"][0, 0] == 7.0
+    with pytest.raises(zfeed.NodeNotFoundError):
+        zfeed.open(tmp_path / "absent", mode="r+")
+    assert not (tmp_path / "absent").exists()
+    # "a": opens what is there, else creates a group.
+    assert zfeed.open(tmp_path / "g", path="t", mode="a")[0, 0] == 7.0
+    made = zfeed.open(tmp_path / "new.zarr", mode="a")
+    assert isinstance(made, zfeed.Group) and len(made) == 0 and not made.read_only
+    made.create_array("x", shape=(2,), dtype="int8")
+    assert zfeed.open_group(tmp_path / "new.zarr", mode="a").keys() == ["x"]
+    # "w-": a new group, never over a node; "w": a new group, replacing what was there.
+    with pytest.raises(zfeed.ZarrError, match="mode='w-'.*already a Zarr group"):
+        zfeed.open(tmp_path / "new.zarr", mode="w-")
+    with pytest.raises(zfeed.ZarrError, match="mode='w-'.*already a Zarr array"):
+        zfeed.open(tmp_path / "g", path="t", mode="w-")
+    assert len(zfeed.open(tmp_path / "fresh.zarr", mode="w-")) == 0
+    replaced = zfeed.open(tmp_path / "new.zarr", mode="w")
+    assert isinstance(replaced, zfeed.Group) and len(replaced) == 0
+    assert zfeed.open(tmp_path / "new.zarr").keys() == []
+    with pytest.raises(zfeed.ZarrError, match="is an array, not a group"):
+        zfeed.open_group(tmp_path / "g", "t", mode="a")
+    for bad in ("x", "rw", "R", None):
+        with pytest.raises(zfeed.ZarrError, match=r"open: mode must be one of 'r', 'r\+', 'a', 'w', 'w-', got"):
+            zfeed.open(tmp_path / "g", mode=bad)
+    with pytest.raises(zfeed.ZarrError, match=r"open_array: mode must be one of 'r', 'r\+', got 'w'"):
+        zfeed.open_array(tmp_path / "g", "t", mode="w")
+    np.testing.assert_array_equal(zfeed.open(tmp_path / "g")["t"][1:], data[1:])  # untouched by the errors
 
 
 @pytest.mark.parametrize("zarr_format", [2, 3])

@@ -385,6 +385,31 @@ def test_group_argument_and_missing_dimension_names(tmp_path):
         xr.testing.assert_identical(ds, _zarr(path, group="analysis"))
 
 
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_a_string_variable_is_named_with_the_way_around_it(tmp_path, zarr_format):
+    """zfeed reads numbers only: a string variable stops the open with its name and the
+    drop_variables that opens the rest, which then equals the zarr engine's."""
+    path = tmp_path / "stations.zarr"
+    ds = xr.Dataset({"t2m": (("station",), np.arange(3.0)), "name": (("station",), np.array(["a", "bb", "c"]))})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ds.to_zarr(path, mode="w", zarr_format=zarr_format, consolidated=False)
+    with pytest.raises(zfeed.ZarrError, match=r"variable 'name': .*unsupported.*drop_variables=\['name'\]"):
+        _zfeed(path)
+    got = _zfeed(path, drop_variables=["name"])
+    assert list(got.data_vars) == ["t2m"]
+    xr.testing.assert_identical(got, _zarr(path, drop_variables=["name"]))
+    xr.testing.assert_identical(_zfeed(path, drop_variables="name"), got)
+
+
+def test_opens_read_only(cf_store):
+    path, _ = cf_store
+    array = _zfeed(path)["t2m"].variable._data
+    while not isinstance(array, ZfeedBackendArray):
+        array = array.array
+    assert array.get_array().read_only
+
+
 def test_shared_real_data_equals_zarr_engine(shared):
     path = shared / "data" / "ecmwf-t-z-2007-01-01.zarr"
     got = _zfeed(path)

@@ -52,6 +52,14 @@ def scalar_index(k: Any) -> Any:
     return k
 
 
+def drop_leading_ones(values: np.ndarray, ndim: int) -> np.ndarray:
+    """Values to assign to a selection of ``ndim`` dimensions without their leading length-1 axes
+    beyond those (NumPy's leeway: ``np.ones((1, 4))`` goes into a row of 4)."""
+    while values.ndim > ndim and values.shape[0] == 1:
+        values = values[0]
+    return values
+
+
 def expand(key: Any, ndim: int) -> tuple:
     """The key as a tuple of one component per axis (a boolean mask of k dimensions stays one
     component that covers k axes): the ellipsis expanded, missing trailing axes as full slices."""
@@ -405,7 +413,7 @@ class Points:
 
     def from_result(self, values: np.ndarray) -> np.ndarray:
         """Values in NumPy's layout (broadcast to it) -> (points, slice axes...)."""
-        values = np.broadcast_to(values, self.result_shape)
+        values = np.broadcast_to(drop_leading_ones(values, len(self.result_shape)), self.result_shape)
         n = len(self.points_shape)
         values = np.moveaxis(values, range(self._place, self._place + n), range(n)).reshape(self.values_shape)
         if self.slices.reversed:

@@ -131,11 +131,13 @@ class _Index:
 
 
 class Array:
-    """A Zarr array (v3 or v2). ``arr[...]`` reads into NumPy, ``arr[...] = values`` writes."""
+    """A Zarr array (v3 or v2). ``arr[...]`` reads into NumPy, ``arr[...] = values`` writes (unless
+    opened with ``mode="r"``: ``read_only``)."""
 
-    def __init__(self, core: _core.Array):
+    def __init__(self, core: _core.Array, read_only: bool = False):
         self._core = core
         self._dtype = _numpy_dtype(core.data_type)
+        self._read_only = bool(read_only)
 
     # -- description ----------------------------------------------------------------------------
     @property
@@ -204,8 +206,24 @@ class Array:
         return json.loads(self._core.metadata_json())
 
     @property
+    def read_only(self) -> bool:
+        """Whether the array was opened with ``mode="r"``: writes and attribute changes raise."""
+        return self._read_only
+
+    def _check_writable(self) -> None:
+        if self._read_only:
+            raise ZarrError(f"array {_location(self._core)} is read-only (opened with mode='r'); open it with "
+                            "mode='r+' to write")
+
+    @property
     def attrs(self) -> "Attributes":
-        return Attributes(self._core)
+        """The attributes, a dict whose changes are written at once; ``arr.attrs = {...}`` replaces
+        them all."""
+        return Attributes(self._core, read_only=self._read_only, name=f"array {_location(self._core)}")
+
+    @attrs.setter
+    def attrs(self, value) -> None:
+        _set_attributes(self, value)
 
     def info(self) -> dict:
         """What the array holds; ``stored_bytes`` and ``objects_present`` are None where the store
@@ -318,6 +336,11 @@ class Array:
         return out.reshape(index.counts)
 
     def __setitem__(self, key, value) -> None:
+        """NumPy assignment: the values broadcast to the selection (leading length-1 axes beyond
+        its dimensions dropped, as NumPy drops them) and are cast as NumPy casts them, except that
+        floats do not go into integers (a Python integer out of an integer dtype's range raises
+        OverflowError, as in NumPy 2)."""
+        self._check_writable()
         expanded = _selection.expand(key, self.ndim)
         if any(_selection.is_array_index(k) for k in expanded):
             values = self._cast_for_write(value)
@@ -327,6 +350,10 @@ class Array:
             return _selection.write_points(self, _selection.Points(expanded, self.shape, self.chunks), values)
         index = _Index(expanded, self.shape)
         values = self._cast_for_write(value)
+        if not (self.ndim and len(index.dropped) == self.ndim):
+            # NumPy sets one element (an integer on every axis) from a scalar only, never from a
+            # sequence of one.
+            values = _selection.drop_leading_ones(values, len(index.result_shape))
         values = np.broadcast_to(values, index.result_shape).reshape(index.counts)
         if index.reversed:
             values = np.flip(values, axis=index.reversed)
@@ -335,13 +362,27 @@ class Array:
             self._core.write(index.starts, index.stops, index.steps, _raw(values))
 
     def _cast_for_write(self, value) -> np.ndarray:
+        target = self._dtype
         values = np.asarray(value)
-        if values.dtype != self._dtype:
-            # Within one kind (and between signed and unsigned integers: arr[...] = 1 on uint8) cast as
-            # NumPy assignment does; across kinds (float into int) only where NumPy calls it safe.
-            same_kind = values.dtype.kind == self._dtype.kind or (values.dtype.kind + self._dtype.kind) in ("iu", "ui")
-            values = values.astype(self._dtype, casting="unsafe" if same_kind else "same_kind")
-        return values
+        if values.dtype == target:
+            return values
+        kinds = values.dtype.kind + target.kind
+        if target.kind in "iu" and values.dtype.kind in "iuO" and values.size and \
+                not isinstance(value, (np.ndarray, np.generic)):
+            # Python integers (NumPy 2's rule): one outside the dtype's range raises, it does not
+            # wrap around (arr[0] = -1 on uint8 is an error, not 255). NumPy integers cast as
+            # NumPy casts them.
+            info = np.iinfo(target)
+            for bound in (values.min(), values.max()):
+                if isinstance(bound, (int, np.integer)) and not info.min <= bound <= info.max:
+                    raise OverflowError(f"Python integer {int(bound)} out of bounds for {target}")
+        # Within one kind, between signed and unsigned integers (arr[...] = 1 on uint8) and from
+        # integers to bool (nonzero is True) cast as NumPy assignment does; across other kinds
+        # (float into int) only where NumPy calls it safe.
+        same_kind = values.dtype.kind == target.kind or kinds in ("iu", "ui", "ib", "ub")
+        if values.dtype.kind == "O" and target.kind in "iu":
+            return np.asarray(value, dtype=target)  # Python integers beyond int64 and uint64, in range
+        return values.astype(target, casting="unsafe" if same_kind else "same_kind")
 
     @property
     def oindex(self) -> "_OrthogonalIndexer":
@@ -378,8 +419,10 @@ class _OrthogonalIndexer:
         return result[()] if result.ndim == 0 else result
 
     def __setitem__(self, key, value) -> None:
+        self._array._check_writable()
         selection = self._selection(key)
-        values = np.broadcast_to(self._array._cast_for_write(value), selection.result_shape)
+        values = _selection.drop_leading_ones(self._array._cast_for_write(value), len(selection.result_shape))
+        values = np.broadcast_to(values, selection.result_shape)
         _selection.write_orthogonal(self._array, selection, values.reshape(selection.counts))
 
 
@@ -405,6 +448,7 @@ class _PointsIndexer:
         if not _has_index_array(key):
             self._array[key] = value
             return
+        self._array._check_writable()
         _selection.write_points(self._array, self._selection(key), self._array._cast_for_write(value))
 
 
@@ -427,6 +471,7 @@ def _numpy_layout(selection: _selection.Orthogonal, values: np.ndarray) -> np.nd
 def _from_numpy_layout(selection: _selection.Orthogonal, values: np.ndarray) -> np.ndarray:
     """Values to write, broadcast to NumPy's layout of the selection, in `counts` order."""
     shape = _numpy_shape(selection)
+    values = _selection.drop_leading_ones(values, len(shape))
     moved = _moved_axes(selection)
     if moved:
         moved_shape = np.moveaxis(np.empty(shape, dtype=np.bool_), moved[0], moved[1]).shape
@@ -458,6 +503,11 @@ def _moved_axes(selection: _selection.Orthogonal) -> tuple[list[int], list[int]]
     return list(range(position, position + count)), list(range(count))
 
 
+def _location(core) -> str:
+    """Where a node is, for messages: its store's URL and its path in the store."""
+    return f"{core.store.url.rstrip('/')}/{core.path}".rstrip("/")
+
+
 def _raw(buffer: np.ndarray) -> np.ndarray:
     """The buffer as the binding accepts it: nanobind knows no bfloat16, so pass its bits."""
     if _BFLOAT16 is not None and buffer.dtype == _BFLOAT16:
@@ -477,38 +527,95 @@ def _json_float(value) -> float:
 
 
 class Attributes(dict):
-    """A dict of the node's attributes; changing it writes the metadata."""
+    """A dict of the node's attributes (equal to a dict of the same items, and JSON as one); every
+    change (``attrs[k] = v``, ``del``, ``update``, ``|=``, ``pop``, ``popitem``, ``setdefault``,
+    ``clear``, ``put``) writes the metadata at once. A change the metadata cannot hold (a value
+    JSON has no form for) raises and leaves the attributes as they were. Read-only where the node
+    was opened with ``mode="r"``."""
 
-    def __init__(self, core):
+    def __init__(self, core, read_only: bool = False, name: str = "node"):
         super().__init__(json.loads(core.attributes_json()))
         self._core = core
+        self._read_only = read_only
+        self._name = name
 
-    def _save(self):
-        self._core.set_attributes_json(json.dumps(dict(self)))
+    def _change(self, method, *args, **kwargs):
+        """Runs dict's ``method`` on the attributes and writes them; restores them if the write fails."""
+        if self._read_only:
+            raise ZarrError(f"the attributes of {self._name} are read-only (opened with mode='r'); "
+                            "open it with mode='r+' to change them")
+        before = dict(self)
+        result = method(self, *args, **kwargs)
+        try:
+            self._core.set_attributes_json(json.dumps(dict(self)))
+        except BaseException:
+            dict.clear(self)
+            dict.update(self, before)
+            raise
+        return result
 
     def __setitem__(self, key, value):
-        super().__setitem__(key, value)
-        self._save()
+        self._change(dict.__setitem__, key, value)
 
     def __delitem__(self, key):
-        super().__delitem__(key)
-        self._save()
+        self._change(dict.__delitem__, key)
+
+    def __ior__(self, other):
+        self._change(dict.__ior__, other)
+        return self
 
     def update(self, *args, **kwargs):
-        super().update(*args, **kwargs)
-        self._save()
+        self._change(dict.update, *args, **kwargs)
+
+    def pop(self, *args):
+        return self._change(dict.pop, *args)
+
+    def popitem(self):
+        return self._change(dict.popitem)
+
+    def setdefault(self, key, default=None):
+        if key in self:
+            return self[key]  # no change: nothing to write (also where read-only, as dict's)
+        return self._change(dict.setdefault, key, default)
+
+    def clear(self):
+        self._change(dict.clear)
 
     def put(self, mapping: dict):
-        super().clear()
-        super().update(mapping)
-        self._save()
+        """Replaces all the attributes with ``mapping``'s."""
+        def replace(attributes, items):
+            dict.clear(attributes)
+            dict.update(attributes, items)
+
+        self._change(replace, dict(mapping))
+
+
+def _set_attributes(node, value) -> None:
+    """``node.attrs = value``: replaces the attributes, unless ``value`` is the node's own
+    (``node.attrs |= {...}`` assigns what ``|=`` changed and wrote already)."""
+    if isinstance(value, Attributes) and value._core is node._core:
+        return
+    node.attrs.put(value)
 
 
 class Group:
-    """A Zarr group: ``group["name"]`` opens a member array or group."""
+    """A Zarr group: ``group["name"]`` opens a member array or group (read-only, as the group, where
+    it was opened with ``mode="r"``)."""
 
-    def __init__(self, core: _core.Group):
+    def __init__(self, core: _core.Group, read_only: bool = False):
         self._core = core
+        self._read_only = bool(read_only)
+
+    @property
+    def read_only(self) -> bool:
+        """Whether the group was opened with ``mode="r"``: its members, attributes and new members
+        cannot be written."""
+        return self._read_only
+
+    def _check_writable(self, what: str) -> None:
+        if self._read_only:
+            raise ZarrError(f"group {_location(self._core)} is read-only (opened with mode='r'): cannot {what}; "
+                            "open it with mode='r+' to write")
 
     @property
     def path(self) -> str:
@@ -524,7 +631,13 @@ class Group:
 
     @property
     def attrs(self) -> Attributes:
-        return Attributes(self._core)
+        """The attributes, a dict whose changes are written at once; ``group.attrs = {...}``
+        replaces them all."""
+        return Attributes(self._core, read_only=self._read_only, name=f"group {_location(self._core)}")
+
+    @attrs.setter
+    def attrs(self, value) -> None:
+        _set_attributes(self, value)
 
     def keys(self) -> list[str]:
         return list(self._core.members())
@@ -545,7 +658,7 @@ class Group:
             if not isinstance(node, Group):
                 raise KeyError(name)
             try:
-                node = _wrap(node._core.open_member(part))
+                node = _wrap(node._core.open_member(part), self._read_only)
             except _core.NodeNotFoundError:
                 raise KeyError(name) from None
         return node
@@ -560,13 +673,16 @@ class Group:
         return [(name, node) for name, node in self.members() if isinstance(node, Group)]
 
     def create_array(self, name: str, **kwargs) -> Array:
+        self._check_writable(f"create array {name!r}")
         return create(self._core.store, path=_join(self.path, name), zarr_format=kwargs.pop("zarr_format", self.zarr_format), **kwargs)
 
     def create_group(self, name: str, attributes: dict | None = None) -> "Group":
+        self._check_writable(f"create group {name!r}")
         return create_group(self._core.store, path=_join(self.path, name), attributes=attributes, zarr_format=self.zarr_format)
 
     def consolidate(self) -> None:
         """Write consolidated metadata (v3: inline in zarr.json; v2: .zmetadata)."""
+        self._check_writable("consolidate its metadata")
         self._core.consolidate()
 
     def tree(self) -> str:
@@ -593,31 +709,75 @@ def _join(prefix: str, name: str) -> str:
     return f"{prefix}/{name}" if prefix else name
 
 
-def _wrap(node):
+def _wrap(node, read_only: bool = False):
     if isinstance(node, _core.Array):
-        return Array(node)
-    return Group(node)
+        return Array(node, read_only)
+    return Group(node, read_only)
 
 
 # ---------------------------------------------------------------------------------------------
 # Opening and creating
 
+_MODES = ("r", "r+", "a", "w", "w-")
 
-def open(store, path: str | None = None, mode: str = "r"):
+
+def _check_mode(mode, allowed: Sequence[str], what: str) -> None:
+    if not isinstance(mode, str) or mode not in allowed:
+        raise ZarrError(f"{what}: mode must be one of {', '.join(repr(m) for m in allowed)}, got {mode!r}")
+
+
+def open(store, path: str | None = None, mode: str = "r+"):
     """Open the array or group at ``store`` (a directory, ``file://`` URL or store object),
-    optionally at ``path`` inside it."""
+    optionally at ``path`` inside it. ``mode``, as zarr-python's:
+
+    - ``"r+"`` (the default): read and write; the node must exist.
+    - ``"r"``: read only: writes (``arr[...] = v``, ``oindex``/``vindex`` writes), attribute
+      changes and new members raise :class:`zfeed.ZarrError`.
+    - ``"a"``: read and write; where nothing is at the path, an empty group is created there
+      (zarr-python's default mode; zfeed's default leaves a mistyped path an error instead).
+    - ``"w"``: create an empty group there, replacing whatever node was there (its members too).
+    - ``"w-"``: create an empty group there; an error if a node is there already.
+
+    Arrays are created with :func:`zfeed.create` (shape, dtype and chunks), so ``"a"``, ``"w"`` and
+    ``"w-"`` create groups, as ``zarr.open`` does when given no shape."""
+    _check_mode(mode, _MODES, "open")
+    if mode in ("r", "r+"):
+        s, p = _split_path(store, path)
+        return _wrap(_core.open_node(s, p), read_only=mode == "r")
+    s, p = _store(store, create=True), path or ""
+    if mode == "w":
+        return create_group(s, p, overwrite=True)
+    try:
+        node = _wrap(_core.open_node(s, p))
+    except _core.NodeNotFoundError:
+        return create_group(s, p)
+    if mode == "w-":
+        kind = "array" if isinstance(node, Array) else "group"
+        raise ZarrError(f"open: mode='w-' creates a new group, but {_location(node._core)} is already a Zarr {kind} "
+                        "(mode='w' replaces it, mode='r+' opens it)")
+    return node
+
+
+def open_array(store, path: str | None = None, mode: str = "r+") -> Array:
+    """Open the array at ``store`` (optionally at ``path`` inside it): ``mode`` ``"r+"`` (the
+    default) reads and writes, ``"r"`` only reads (see :func:`zfeed.open`); :func:`zfeed.create`
+    makes arrays."""
+    _check_mode(mode, ("r", "r+"), "open_array")
     s, p = _split_path(store, path)
-    return _wrap(_core.open_node(s, p))
+    return Array(_core.Array.open(s, p), read_only=mode == "r")
 
 
-def open_array(store, path: str | None = None) -> Array:
+def open_group(store, path: str | None = None, mode: str = "r+") -> Group:
+    """Open the group at ``store`` (optionally at ``path`` inside it); ``mode`` as
+    :func:`zfeed.open`'s, where ``"a"`` opens the group or creates an empty one."""
+    _check_mode(mode, _MODES, "open_group")
+    if mode not in ("r", "r+"):
+        node = open(store, path, mode)
+        if not isinstance(node, Group):
+            raise ZarrError(f"open_group: {_location(node._core)} is an array, not a group")
+        return node
     s, p = _split_path(store, path)
-    return Array(_core.Array.open(s, p))
-
-
-def open_group(store, path: str | None = None) -> Group:
-    s, p = _split_path(store, path)
-    return Group(_core.Group.open(s, p))
+    return Group(_core.Group.open(s, p), read_only=mode == "r")
 
 
 def stage(source, destination, threads: int | None = None, progress: bool = True, time_range=None,

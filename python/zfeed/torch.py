@@ -12,16 +12,21 @@
 
 zfeed reads with its own threads, so ``num_workers=0`` is the fast setting. With DataLoader
 workers each worker reads a disjoint share of the rank's samples (the sharding multiplies ranks by
-workers), so an epoch still sees every sample exactly once.
+workers), so an epoch still sees every sample exactly once. The workers' positions stay in the
+workers, though: ``dataset.state_dict()`` then says the epoch only, and a state saved in the middle
+of an epoch cannot be restored into workers (it raises :class:`zfeed.ZarrError`): resume mid-epoch
+with ``num_workers=0``.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Iterator, Mapping
 
 import torch
 
-from .loader import Loader, default_rank_and_world_size
+from ._core import ZarrError
+from .loader import Loader, default_rank_and_world_size, node_layout
 
 
 def to_torch(batch: Mapping[str, Any]) -> dict:
@@ -40,34 +45,81 @@ def to_torch(batch: Mapping[str, Any]) -> dict:
 
 class ZarrIterableDataset(torch.utils.data.IterableDataset):
     """Batches of a :class:`zfeed.Loader` as dicts of torch tensors. Takes the Loader's arguments;
-    ``rank`` and ``world_size`` default to torch.distributed's (or ``RANK``/``WORLD_SIZE``).
-    Use with ``DataLoader(dataset, batch_size=None)``."""
+    ``rank`` and ``world_size`` default to torch.distributed's (or ``RANK``/``WORLD_SIZE``), read
+    when the loader is made (at the first ``iter``, ``len``, ``state_dict`` or ``stats``), so a
+    dataset may be built before ``init_process_group``.
+    Use with ``DataLoader(dataset, batch_size=None)``; it pickles (for ``spawn`` and
+    ``forkserver`` workers) without its loader, which each process makes anew.
+
+    With DataLoader workers (``num_workers > 0``) each worker has a loader of its own: the rank's
+    samples shared among them, ``partition="node"`` keeping every worker on its rank's node.
+    ``state_dict()`` in the main process cannot see where the workers are: it says the epoch, not
+    the batches handed out in it (and warns where this process has not iterated the dataset);
+    ``load_state_dict()`` of a state from the middle of an epoch raises :class:`zfeed.ZarrError`
+    in the workers. Resume mid-epoch with ``num_workers=0`` (zfeed reads in parallel on its own
+    threads anyway)."""
 
     def __init__(self, store, **loader_args: Any):
         super().__init__()
         self._store = store
         self._args = dict(loader_args)
         rank, world = self._args.pop("rank", None), self._args.pop("world_size", None)
-        default_rank, default_world = default_rank_and_world_size()
-        self._rank = default_rank if rank is None else int(rank)
-        self._world = default_world if world is None else int(world)
+        self._rank = None if rank is None else int(rank)  # None: torch.distributed's, when the loader is made
+        self._world = None if world is None else int(world)
         self._epoch = int(self._args.pop("epoch", 0))
         self._state: dict | None = None
         self._loader: Loader | None = None
-        self._worker: tuple[int, int] | None = None
+        self._layout: tuple | None = None  # (rank, world_size, worker id, workers) of the loader
+        self._iterated = False  # whether this process has iterated the dataset
+
+    def __getstate__(self) -> dict:
+        """The dataset without its loader (a native object, made again where it is used). Where
+        torch.distributed is initialized here, its rank and world size go along (a ``spawn``
+        worker's process group is not); else the defaults stay to be read by the new process."""
+        state = dict(self.__dict__)
+        state["_loader"], state["_layout"], state["_iterated"] = None, None, False
+        if self._loader is not None and self._state is None:
+            position = self._loader.state_dict()
+            if position["batch"] > 0:  # the copy goes on from there (its epoch alone: _epoch)
+                state["_state"] = position
+        if self._rank is None or self._world is None:
+            dist = torch.distributed
+            if dist.is_available() and dist.is_initialized():
+                state["_rank"], state["_world"] = self._rank_and_world()
+        return state
+
+    def _rank_and_world(self) -> tuple[int, int]:
+        default_rank, default_world = default_rank_and_world_size()
+        return (default_rank if self._rank is None else self._rank,
+                default_world if self._world is None else self._world)
 
     def _get_loader(self) -> Loader:
         info = torch.utils.data.get_worker_info()
         if info is not None and str(self._args.get("device", "cpu")).startswith("cuda"):
             raise RuntimeError("zfeed: device='cuda' batches are made in the main process (zfeed's own threads "
                                "read and copy them): use DataLoader(..., num_workers=0)")
-        worker = (info.id, info.num_workers) if info is not None else (0, 1)
-        if self._loader is None or self._worker != worker:
-            self._loader = Loader(self._store, rank=self._rank * worker[1] + worker[0],
-                                  world_size=self._world * worker[1], epoch=self._epoch, **self._args)
-            self._worker = worker
-            if self._state is not None and worker[1] == 1:
-                self._loader.load_state_dict(self._state)
+        worker_id, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        rank, world = self._rank_and_world()
+        layout = (rank, world, worker_id, workers)
+        if self._loader is None or self._layout != layout:
+            args = dict(self._args)
+            if workers > 1 and args.get("partition", "global") == "node":
+                # The workers of a rank are the ranks of its node multiplied, as the ranks are:
+                # rank * workers + id of world_size * workers, local_world_size * workers a node.
+                _, _, _, local_world = node_layout(rank, world, args.get("local_world_size"))
+                args["local_world_size"] = local_world * workers
+            state = self._state
+            if state is not None and workers > 1 and int(state.get("batch", 0)) > 0:
+                raise ZarrError(
+                    f"ZarrIterableDataset: the state to restore is {state['batch']} batches into epoch "
+                    f"{state['epoch']}, and the {workers} DataLoader workers each read a share of the "
+                    "epoch from a position of their own, which no state holds: resume it with "
+                    "num_workers=0, or start an epoch (set_epoch) with workers")
+            self._loader = Loader(self._store, rank=rank * workers + worker_id, world_size=world * workers,
+                                  epoch=self._epoch, **args)
+            self._layout = layout
+            if state is not None and workers == 1:
+                self._loader.load_state_dict(state)
                 self._state = None
         return self._loader
 
@@ -75,11 +127,14 @@ class ZarrIterableDataset(torch.utils.data.IterableDataset):
         """Start ``epoch`` at its first batch on the next iteration (kept if it is the current,
         restored epoch)."""
         self._epoch = int(epoch)
+        if self._state is not None and int(self._state["epoch"]) != self._epoch:
+            self._state = None  # a restored position in another epoch: moot now
         if self._loader is not None:
             self._loader.set_epoch(self._epoch)
 
     def __iter__(self) -> Iterator[dict]:
         loader = self._get_loader()
+        self._iterated = True
         for batch in loader:
             yield to_torch(batch)
 
@@ -88,13 +143,22 @@ class ZarrIterableDataset(torch.utils.data.IterableDataset):
         return len(self._get_loader())
 
     def state_dict(self) -> dict:
-        """Where the loader stands (in the main process; workers keep their own state)."""
+        """Where the loader of this process stands. With DataLoader workers that loader does not
+        iterate (the workers' do), so the state says the epoch only: a resume starts it over."""
+        if torch.utils.data.get_worker_info() is None and not self._iterated:
+            warnings.warn("ZarrIterableDataset.state_dict(): this process has not iterated the dataset; with "
+                          "DataLoader workers (num_workers > 0) their positions are theirs, and this state holds "
+                          "the epoch only (a resume starts it over); use num_workers=0 to resume mid-epoch",
+                          stacklevel=2)
         return self._get_loader().state_dict()
 
     def load_state_dict(self, state: Mapping) -> None:
+        """Resume where ``state`` was saved (on the next iteration). With DataLoader workers, only
+        at the start of an epoch: a state from the middle of one raises :class:`zfeed.ZarrError`
+        when the workers start."""
         self._state = dict(state)
         self._epoch = int(state["epoch"])
-        if self._loader is not None and self._worker == (0, 1):
+        if self._loader is not None and self._layout is not None and self._layout[3] == 1:
             self._loader.load_state_dict(self._state)
             self._state = None
 

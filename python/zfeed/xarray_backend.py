@@ -30,6 +30,7 @@ from xarray.core.utils import FrozenDict
 from xarray.core.variable import Variable
 
 from . import _selection
+from ._core import ZarrError
 from .array import Array, Group, open as _open_node
 
 DIMENSION_KEY = "_ARRAY_DIMENSIONS"
@@ -119,7 +120,7 @@ class ZfeedDataStore(AbstractDataStore):
             source = node.name
         else:
             source = _normalize(filename_or_obj)
-            node = _open_node(source, path=(group or "").strip("/") or None)
+            node = _open_node(source, path=(group or "").strip("/") or None, mode="r")  # xarray only reads
         single_name = _array_name(node, source) if isinstance(node, Array) else "data"
         if drop_variables is None:
             drop_variables = ()
@@ -140,8 +141,18 @@ class ZfeedDataStore(AbstractDataStore):
         if isinstance(self._node, Array):
             arrays = [(self._single_name, self._node)]
         else:
-            arrays = [(name, self._node[name]) for name in self._node.keys() if name not in self._drop]
+            arrays = [(name, self._member(name)) for name in self._node.keys() if name not in self._drop]
         return [(name, node) for name, node in arrays if isinstance(node, Array) and name not in self._drop]
+
+    def _member(self, name: str) -> Group | Array:
+        """The group's member ``name``; one zfeed cannot open (a string variable: zfeed reads
+        numbers only) raises naming it, and how to open the rest without it."""
+        try:
+            return self._node[name]
+        except ZarrError as error:
+            raise type(error)(
+                f"variable {name!r}: {error}; open the dataset without it with drop_variables=[{name!r}]"
+            ) from error
 
     def _dims(self, name: str, array: Array) -> tuple[str, ...]:
         if array.ndim == 0:

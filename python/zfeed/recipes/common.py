@@ -135,22 +135,60 @@ def set_deterministic(device: torch.device) -> None:
 # Checkpoints
 
 
-def save_checkpoint(path: str, state: dict) -> None:
-    """``torch.save`` to a temporary file beside ``path``, then ``os.replace``: a reader (or a
-    resume after a crash) sees the old checkpoint or the new one, never half of one."""
+def _umask() -> int:
+    """The process's umask: read from /proc on Linux (setting it to read it back would race with
+    other threads' new files), else by setting it and back."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _write_atomically(path: str, write: Callable[[Any], None], binary: bool, prefix: str) -> None:
+    """``write(file)`` to a temporary file beside ``path``, synced, given the permissions a new
+    file gets (0o666 less the umask; mkstemp's are 0o600), then ``os.replace`` and a sync of the
+    directory, so that the rename outlives a crash too. A write that fails (Ctrl-C included)
+    leaves no temporary file and ``path`` as it was."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".ckpt-", suffix=".tmp", dir=folder)
+    fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=folder)
     try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(state, f)
+        with os.fdopen(fd, "wb" if binary else "w") as f:
+            write(f)
             f.flush()
+            os.fchmod(f.fileno(), 0o666 & ~_umask())
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        if os.path.exists(tmp):
+        try:
             os.unlink(tmp)
+        except FileNotFoundError:
+            pass
         raise
+    try:
+        directory = os.open(folder, os.O_RDONLY)
+    except OSError:  # a directory that cannot be opened (some platforms): the rename stands unsynced
+        return
+    try:
+        os.fsync(directory)
+    except OSError:  # file systems that do not sync directories
+        pass
+    finally:
+        os.close(directory)
+
+
+def save_checkpoint(path: str, state: dict) -> None:
+    """``torch.save`` to a temporary file beside ``path``, then ``os.replace``: a reader (or a
+    resume after a crash) sees the old checkpoint or the new one, never half of one. The file gets
+    the usual permissions (0o666 less the umask), and a failed write (Ctrl-C too) leaves no
+    temporary file behind."""
+    _write_atomically(path, lambda f: torch.save(state, f), binary=True, prefix=".ckpt-")
 
 
 def load_checkpoint(path: str) -> dict:
@@ -267,15 +305,22 @@ class RunResult:
 def count_flops(task: Task, model: torch.nn.Module, batch: dict) -> float | None:
     """FLOPs of one forward + backward on ``batch``, per sample, on the unwrapped model (no
     communication); gradients are dropped afterwards, the buffers (BatchNorm's running
-    statistics) restored and no optimizer step is taken, so the model and the optimizer are as
-    they were (a resumed run, which counts again, stays bit-identical)."""
+    statistics) restored, the random number generators (CPU, and the CUDA devices of the model
+    and the batch) left as they were and no optimizer step is taken, so the model, the optimizer
+    and the random draws are as they were (a resumed run, which counts again, stays
+    bit-identical)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     inner = unwrap(model)
     buffers = {name: b.detach().clone() for name, b in inner.named_buffers()}  # BatchNorm's running stats
+    # The pass draws random numbers (dropout): on forked generators, so that training draws the
+    # same ones as in a run that does not count (a resumed run counts again).
+    tensors = [*inner.parameters(), *inner.buffers(), *(v for v in batch.values() if isinstance(v, torch.Tensor))]
+    devices = sorted({t.device.index if t.device.index is not None else torch.cuda.current_device()
+                      for t in tensors if t.device.type == "cuda"})
     try:
         counter = FlopCounterMode(display=False)
-        with counter:
+        with torch.random.fork_rng(devices=devices), counter:
             loss = task.loss(inner, batch)
             loss.backward()
         total = counter.get_total_flops()
@@ -565,13 +610,13 @@ def summary_table(summaries: Sequence[dict]) -> str:
 
 
 def write_json(path: str, document: dict) -> None:
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".json-", suffix=".tmp", dir=folder)
-    with os.fdopen(fd, "w") as f:
+    """``document`` as indented JSON at ``path``, written atomically as :func:`save_checkpoint`
+    writes (a document that does not serialize raises and leaves ``path`` as it was)."""
+    def write(f) -> None:
         json.dump(document, f, indent=2, default=float)
         f.write("\n")
-    os.replace(tmp, path)
+
+    _write_atomically(path, write, binary=False, prefix=".json-")
 
 
 def plot_throughput(path: str, summaries: Sequence[dict], title: str = "") -> None:
