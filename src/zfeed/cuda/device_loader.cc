@@ -540,10 +540,10 @@ std::optional<DeviceBatch> DeviceLoader::next_batch() {
   InFlight flight = std::move(in_flight_.front());
   in_flight_.pop_front();
   if (probing_) probe(flight);
+  if (flight.gpu_decoded) gpu_failures_in_a_row_ = 0;
   if (cpu_until_ && flight.batch.index >= *cpu_until_) {  // the failed batch is out: GPU again
     cpu_until_.reset();
-    host_->set_pass_compressed(probing_ ? probe_cpu_.size() >= kProbeWarmUp + kProbeBatches
-                                        : stats_.decode_mode == "gpu");
+    host_->set_pass_compressed(gpu_decoding_wanted());
   }
   copying_.push_back(std::move(flight.copy));
   release_copied_host_batches(false);
@@ -570,7 +570,20 @@ void DeviceLoader::fall_back_to_cpu(uint64_t batch_index, const Error& error) {
   stats_.last_gpu_decode_error = error.what();
   host_->set_pass_compressed(false);
   cpu_until_ = batch_index;
+  if (++gpu_failures_in_a_row_ >= kGpuFailuresToGiveUp && !gpu_given_up_) {
+    gpu_given_up_ = true;
+    probing_ = false;
+    stats_.decode_mode = "cpu";
+    stats_.decode_reason =
+        "GPU decoding failed on " + std::to_string(gpu_failures_in_a_row_) +
+        " batches in a row, so the CPU decodes from here; the last: " + error.what();
+  }
   reset_pipeline();
+}
+
+bool DeviceLoader::gpu_decoding_wanted() const {
+  if (gpu_given_up_ || cpu_until_) return false;
+  return probing_ ? probe_cpu_.size() >= kProbeWarmUp + kProbeBatches : stats_.decode_mode == "gpu";
 }
 
 void DeviceLoader::reset_pipeline() {
@@ -660,6 +673,9 @@ void DeviceLoader::set_epoch(uint64_t epoch) {
   host_->set_epoch(epoch);
   handed_out_ = 0;
   host_finished_ = false;
+  // A failed batch's CPU stretch was of the epoch left: the new one decodes as chosen.
+  cpu_until_.reset();
+  host_->set_pass_compressed(gpu_decoding_wanted());
 }
 
 void DeviceLoader::begin_iteration() {
@@ -681,6 +697,8 @@ void DeviceLoader::restore(const Json& state) {
   host_->restore(state);
   handed_out_ = host_->position();
   host_finished_ = false;
+  cpu_until_.reset();
+  host_->set_pass_compressed(gpu_decoding_wanted());
 }
 
 DeviceLoaderStats DeviceLoader::stats() const { return stats_; }

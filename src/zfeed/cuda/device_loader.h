@@ -235,6 +235,14 @@ class DeviceLoader {
   static constexpr size_t kProbeWarmUp = 3;
   static constexpr size_t kProbeBatches = 5;  // measured per path after the warm-up
   std::optional<uint64_t> cpu_until_;         // decode on the CPU up to this batch (a failure)
+  // GPU decoding failed on this many batches in a row (none decoded there in between): from
+  // kGpuFailuresToGiveUp on, a failure that is no one chunk's (a batch past the staging pool, the
+  // GPU's memory) would reset the pipeline at every batch, so the CPU decodes for good.
+  uint64_t gpu_failures_in_a_row_ = 0;
+  static constexpr uint64_t kGpuFailuresToGiveUp = 3;
+  bool gpu_given_up_ = false;
+  // Whether chunks go to the GPU now (no failure being served on the CPU, nor given up).
+  bool gpu_decoding_wanted() const;
 };
 
 }  // namespace zfeed::cuda
