@@ -207,11 +207,27 @@ ArrayStats compute_array_stats(const zarr::Array& array, const std::string& name
   const uint64_t bytes_per_time = per_time * (meta.dtype.size() + sizeof(double));
   const uint64_t fit =
       std::max<uint64_t>(1, options.max_block_bytes / std::max<uint64_t>(1, bytes_per_time));
-  std::vector<std::pair<uint64_t, uint64_t>> blocks;
+  // A step larger than the budget (137 levels of a 0.25-degree grid: 1.7 GB) is read in slabs
+  // along the first other dimension (levels, or rows), so that a task holds about the budget
+  // whatever the array.
+  const bool can_split = rank > 1;
+  const size_t split_dim = time_dim == 0 ? 1 : 0;
+  const uint64_t split_extent = can_split ? meta.shape[split_dim] : 1;
+  uint64_t slab = split_extent;
+  if (can_split && bytes_per_time > options.max_block_bytes && split_extent > 1) {
+    const uint64_t per_slice = std::max<uint64_t>(1, bytes_per_time / split_extent);
+    slab = std::clamp<uint64_t>(options.max_block_bytes / per_slice, 1, split_extent);
+  }
+  struct Block {
+    uint64_t t0, t1, s0, s1;  // time steps [t0, t1), [s0, s1) along split_dim
+  };
+  std::vector<Block> blocks;
   for (uint64_t t = t_start; t < t_stop;) {
     uint64_t chunk_end = std::min(t_stop, (t / chunk_t + 1) * chunk_t);
     uint64_t end = std::min(chunk_end, t + fit);
-    blocks.emplace_back(t, end);
+    for (uint64_t s0 = 0; s0 < split_extent; s0 += slab) {
+      blocks.push_back({t, end, s0, std::min(split_extent, s0 + slab)});
+    }
     t = end;
   }
 
@@ -220,9 +236,10 @@ ArrayStats compute_array_stats(const zarr::Array& array, const std::string& name
   const bool decode = cf.active();
 
   // Strides of a C-order block of shape `block_shape`.
-  auto summarize = [&](uint64_t b0, uint64_t b1) {
+  auto summarize = [&](const Block& block) {
     zarr::Selection selection = array.full_selection();
-    selection[time_dim] = {b0, b1, 1};
+    selection[time_dim] = {block.t0, block.t1, 1};
+    if (can_split) selection[split_dim] = {block.s0, block.s1, 1};
     std::vector<uint64_t> shape(rank);
     uint64_t n = 1;
     for (size_t d = 0; d < rank; ++d) n *= (shape[d] = selection[d].count());
@@ -247,7 +264,9 @@ ArrayStats compute_array_stats(const zarr::Array& array, const std::string& name
     std::vector<uint64_t> index(last_outer + 1, 0);
     for (uint64_t start = 0; start < n; start += run) {
       uint64_t level = 0;
-      for (size_t d : level_dims) level = level * shape[d] + index[d];
+      for (size_t d : level_dims) {
+        level = level * meta.shape[d] + index[d] + (can_split && d == split_dim ? block.s0 : 0);
+      }
       partial[level].add_block(values.data() + start, run);
       for (size_t d = last_outer + 1; d-- > 0;) {
         if (++index[d] < shape[d]) break;
@@ -273,7 +292,7 @@ ArrayStats compute_array_stats(const zarr::Array& array, const std::string& name
     std::vector<std::vector<RunningStats>> partials(count);
     pool.parallel_for(count, [&](size_t i) {
       try {
-        partials[i] = summarize(blocks[first + i].first, blocks[first + i].second);
+        partials[i] = summarize(blocks[first + i]);
       } catch (...) {
         rethrow_with_context(name);
       }

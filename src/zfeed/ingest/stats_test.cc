@@ -169,6 +169,16 @@ TEST(ArrayStats, PerLevelTimeRangeAndAttributes) {
   EXPECT_NEAR(f.total.mean, ref.mean, 1e-9 * std::abs(ref.mean));
   EXPECT_NEAR(f.total.std(), ref.std, 1e-9 * ref.std);
   EXPECT_TRUE(f.to_json()["mean"].is_number());
+  // A step larger than the budget is read in slabs of rows: the same statistics.
+  StatsOptions small;
+  small.max_block_bytes = 100;
+  ArrayStats slabs = compute_array_stats(zarr::Array::open(store, "flat"), "flat", small);
+  EXPECT_EQ(slabs.total.count, ref.count);
+  EXPECT_EQ(slabs.total.nan_count, ref.nans);
+  EXPECT_NEAR(slabs.total.mean, ref.mean, 1e-9 * std::abs(ref.mean));
+  EXPECT_NEAR(slabs.total.std(), ref.std, 1e-9 * ref.std);
+  EXPECT_EQ(slabs.total.min, ref.min);
+  EXPECT_EQ(slabs.total.max, ref.max);
 }
 
 TEST(StoreStats, WritesAttributesAndReconsolidates) {
