@@ -448,3 +448,20 @@ def test_guess_can_open(tmp_path, cf_store):
     assert not entry.guess_can_open(b"CDF\x01")
     with open(nc, "rb") as f:
         assert not entry.guess_can_open(f)
+
+
+def test_a_dataset_opened_with_zfeed_pickles(cf_store):
+    """dask's distributed and processes schedulers, and spawned workers, pickle datasets: the
+    zfeed arrays pickle by their store's URL and path, and read the same values where unpickled."""
+    import pickle
+
+    cf_store, _ = cf_store
+    ds = _zfeed(cf_store)
+    again = pickle.loads(pickle.dumps(ds))
+    xr.testing.assert_identical(again.load(), ds.load())
+    array = zfeed.open(cf_store, mode="r")[next(iter(zfeed.open(cf_store).keys()))]
+    copy = pickle.loads(pickle.dumps(array))
+    assert copy.read_only and copy.path == array.path
+    np.testing.assert_array_equal(copy[...], array[...])
+    with pytest.raises(TypeError, match="memory store"):
+        pickle.dumps(zfeed.create(zfeed.memory_store(), shape=(2,), dtype="float32"))

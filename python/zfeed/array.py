@@ -210,6 +210,9 @@ class Array:
         """Whether the array was opened with ``mode="r"``: writes and attribute changes raise."""
         return self._read_only
 
+    def __reduce__(self):
+        return _reduce_node(self, "array")
+
     def _check_writable(self) -> None:
         if self._read_only:
             raise ZarrError(f"array {_location(self._core)} is read-only (opened with mode='r'); open it with "
@@ -503,6 +506,26 @@ def _moved_axes(selection: _selection.Orthogonal) -> tuple[list[int], list[int]]
     return list(range(position, position + count)), list(range(count))
 
 
+def _reopen(url: str, path: str, read_only: bool, kind: str):
+    """A pickled Array or Group opened again (another process: a dask worker, a spawn worker)."""
+    node = _wrap(_core.open_node(_core.open_store(url, False), path), read_only)
+    expected = Array if kind == "array" else Group
+    if not isinstance(node, expected):
+        raise ZarrError(f"{url}/{path}: pickled as a Zarr {kind}, now holds another kind of node")
+    return node
+
+
+def _reduce_node(node, kind: str):
+    """How an Array or Group pickles: by its store's URL and its path, opened again where it is
+    unpickled (as zarr-python's arrays pickle); a memory store's nodes cannot, their values being
+    in this process only."""
+    url = node._core.store.url
+    if url.startswith("memory://"):
+        raise TypeError(f"cannot pickle a zfeed {kind} of a memory store (its values live in this "
+                        "process only): write it to a directory or bucket first")
+    return _reopen, (url, node._core.path, node._read_only, kind)
+
+
 def _location(core) -> str:
     """Where a node is, for messages: its store's URL and its path in the store."""
     return f"{core.store.url.rstrip('/')}/{core.path}".rstrip("/")
@@ -611,6 +634,9 @@ class Group:
         """Whether the group was opened with ``mode="r"``: its members, attributes and new members
         cannot be written."""
         return self._read_only
+
+    def __reduce__(self):
+        return _reduce_node(self, "group")
 
     def _check_writable(self, what: str) -> None:
         if self._read_only:
