@@ -1643,6 +1643,32 @@ std::shared_ptr<testing::WatchedStore> watched_store_with_extra(uint64_t extra_c
   return std::make_shared<testing::WatchedStore>(inner);
 }
 
+// Holds every read of `key` from `store` until open() (the copy's: the loaders here never read
+// it). The wait gives up the thread's fork pass: a test may fork meanwhile.
+class ReadGate {
+ public:
+  ReadGate(testing::WatchedStore& store, std::string key) {
+    store.on_read = [this, key = std::move(key)](std::string_view read) {
+      if (read != key) return;
+      ForkGate::Release waiting;
+      std::unique_lock lock(mutex_);
+      cv_.wait(lock, [&] { return open_; });
+    };
+  }
+  void open() {
+    {
+      std::lock_guard lock(mutex_);
+      open_ = true;
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool open_ = false;
+};
+
 // Waits (up to a minute) until the loader's copy in the background is done.
 void wait_for_background_copy(const Loader& loader) {
   for (int i = 0; i < 6000 && loader.staging_progress(); ++i) {
@@ -1655,14 +1681,7 @@ TEST(Loader, StagesInTheBackgroundWhileItServesBatches) {
   testing::TempDir dir;
   auto source = watched_store_with_extra(4);
   // The copy cannot finish before the first epoch is read: the loader must not wait for it.
-  std::mutex gate_mutex;
-  std::condition_variable gate_cv;
-  bool open_gate = false;
-  source->on_read = [&](std::string_view key) {
-    if (key != "extra/c/3/0/0") return;
-    std::unique_lock lock(gate_mutex);
-    gate_cv.wait(lock, [&] { return open_gate; });
-  };
+  ReadGate gate(*source, "extra/c/3/0/0");
   auto spec = base_spec(source);
   spec.batch_size = 2;
   spec.nodes = 2;
@@ -1680,11 +1699,7 @@ TEST(Loader, StagesInTheBackgroundWhileItServesBatches) {
   ASSERT_TRUE(staging.staging_progress());
   EXPECT_EQ(drain(staging), drain(direct));  // the first epoch, read through to the source
   EXPECT_TRUE(staging.staging_progress());
-  {
-    std::lock_guard lock(gate_mutex);
-    open_gate = true;
-  }
-  gate_cv.notify_all();
+  gate.open();
   wait_for_background_copy(staging);
 
   // The next epoch reads the copy alone: no read of the source.
@@ -1709,15 +1724,7 @@ TEST(Loader, StagesInTheBackgroundWhileItServesBatches) {
 TEST(Loader, AForkedChildOfALoaderStagingInTheBackgroundReadsThroughToTheSource) {
   testing::TempDir dir;
   auto source = watched_store_with_extra(4);
-  std::mutex gate_mutex;
-  std::condition_variable gate_cv;
-  bool open_gate = false;
-  source->on_read = [&](std::string_view key) {
-    if (key != "extra/c/3/0/0") return;
-    ForkGate::Release waiting;  // a wait on this test, which forks meanwhile
-    std::unique_lock lock(gate_mutex);
-    gate_cv.wait(lock, [&] { return open_gate; });
-  };
+  ReadGate gate(*source, "extra/c/3/0/0");
   auto spec = base_spec(source);
   spec.stage_dir = dir.path() + "/copy";
   spec.stage_in_background = true;
@@ -1733,11 +1740,7 @@ TEST(Loader, AForkedChildOfALoaderStagingInTheBackgroundReadsThroughToTheSource)
     ::_exit(same ? 0 : 1);
   }
   EXPECT_EQ(testing::exit_status_of_child(child), 0) << "the forked child's batches differ";
-  {
-    std::lock_guard lock(gate_mutex);
-    open_gate = true;
-  }
-  gate_cv.notify_all();
+  gate.open();
   wait_for_background_copy(loader);
   EXPECT_EQ(drain(loader), all);
   EXPECT_TRUE(loader.staged());
