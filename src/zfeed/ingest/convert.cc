@@ -13,6 +13,8 @@
 #include <set>
 
 #include "zfeed/ingest/cf.h"
+#include "zfeed/ingest/progress_record.h"
+#include "zfeed/ingest/replace.h"
 #include "zfeed/ingest/source.h"
 #include "zfeed/ingest/zarr_source.h"
 #include "zfeed/store/store.h"
@@ -622,87 +624,9 @@ class MemoryBudget {
   uint64_t in_use_ = 0, peak_ = 0, units_ = 0, max_units_ = 0;
 };
 
-class ProgressRecord {
- public:
-  ProgressRecord(std::shared_ptr<Store> store, Json arguments)
-      : store_(std::move(store)), arguments_(std::move(arguments)) {}
-
-  // The finished units of each output, if its recorded plan is `plan`.
-  void load(const Json& document, const std::string& name, const UnitPlan& plan) {
-    const Json plans = document.value("plans", Json::object());
-    if (!plans.contains(name) || plans[name] != to_json(plan)) return;
-    for (const auto& range : document.at("done").value(name, Json::array())) {
-      const uint64_t first = range.at(0).get<uint64_t>(), stop = range.at(1).get<uint64_t>();
-      for (uint64_t u = first; u < stop; ++u) add(done_[name], u);
-    }
-  }
-  static std::optional<UnitPlan> recorded_plan(const Json& document, const std::string& name) {
-    const Json plans = document.value("plans", Json::object());
-    if (!plans.contains(name)) return std::nullopt;
-    const Json& p = plans[name];
-    return UnitPlan{p.at(0).get<uint64_t>(), p.at(1).get<size_t>(), p.at(2).get<uint64_t>()};
-  }
-  void set_plan(const std::string& name, const UnitPlan& plan) { plans_[name] = to_json(plan); }
-  bool is_done(const std::string& name, uint64_t unit) const {
-    auto it = done_.find(name);
-    if (it == done_.end()) return false;
-    auto range = it->second.upper_bound(unit);  // the first range starting past unit
-    return range != it->second.begin() && unit < std::prev(range)->second;
-  }
-  void mark_done(const std::string& name, uint64_t unit) {
-    add(done_[name], unit);
-    save();
-  }
-  void save() const {
-    // Finished units as [start, stop) ranges: the record stays small however many units there
-    // are, and writing it costs the ranges (units finish about in order), not the units.
-    Json done = Json::object();
-    for (const auto& [name, ranges] : done_) {
-      Json list = Json::array();
-      for (const auto& [first, stop] : ranges) list.push_back(Json::array({first, stop}));
-      done[name] = list;
-    }
-    Json document = {{"zfeed", "convert progress: the output is incomplete while this file exists"},
-                     {"arguments", arguments_},
-                     {"plans", plans_},
-                     {"done", done}};
-    std::string text = document.dump(1);
-    store_->set(kProgressKey, ByteView(reinterpret_cast<const uint8_t*>(text.data()), text.size()));
-  }
-
- private:
-  static Json to_json(const UnitPlan& plan) {
-    return Json::array({plan.rows, plan.split_dim, plan.block});
-  }
-  // Disjoint [first, stop) ranges by first, merged with their neighbours as units come.
-  using Ranges = std::map<uint64_t, uint64_t>;
-  static void add(Ranges& ranges, uint64_t unit) {
-    auto next = ranges.upper_bound(unit);
-    if (next != ranges.begin()) {
-      auto before = std::prev(next);
-      if (unit < before->second) return;  // already there
-      if (unit == before->second) {
-        before->second = unit + 1;
-        if (next != ranges.end() && next->first == unit + 1) {
-          before->second = next->second;
-          ranges.erase(next);
-        }
-        return;
-      }
-    }
-    if (next != ranges.end() && next->first == unit + 1) {
-      const uint64_t stop = next->second;
-      ranges.erase(next);
-      ranges.emplace(unit, stop);
-      return;
-    }
-    ranges.emplace(unit, unit + 1);
-  }
-  std::shared_ptr<Store> store_;
-  Json arguments_;
-  Json plans_ = Json::object();
-  std::map<std::string, Ranges> done_;
-};
+Json plan_json(const UnitPlan& plan) {
+  return Json::array({plan.rows, plan.split_dim, plan.block});
+}
 
 }  // namespace
 
@@ -1225,46 +1149,77 @@ ConvertResult convert(const ConvertOptions& options) {
   const size_t threads = pool.size();
   for (Output& output : outputs) plan_units(output, options.max_memory, threads);
 
-  // The output: new, resumed, or replaced with --overwrite.
+  // The output: new, resumed, or replaced with --overwrite. A store that --overwrite replaces
+  // stays whole until the new one is complete (written beside it, then swapped in).
+  finish_interrupted_swap(out_path);
+  fs::path write_path = out_path;
+  bool replacing = false;
+  auto read_record = [&](const fs::path& directory) -> std::optional<Json> {
+    if (!fs::is_regular_file(directory / std::string(kProgressKey), ec)) return std::nullopt;
+    std::optional<Json> document =
+        ProgressRecord::read(*make_file_store(directory.string()), std::string(kProgressKey));
+    if (document && document->contains("arguments") && (*document)["arguments"].is_object() &&
+        !(*document)["arguments"].contains("verb")) {
+      (*document)["arguments"]["verb"] = "convert";
+    }
+    return document;
+  };
   std::optional<Json> previous;
   if (fs::exists(out_path, ec)) {
-    const fs::path record = out_path / std::string(kProgressKey);
+    std::optional<Json> record = read_record(out_path);
     if (options.overwrite) {
       if (!is_store_or_empty(out_path)) {
         throw Error(
             options.output +
             ": exists and is not a Zarr store or an empty directory; refusing to replace it");
       }
-      fs::remove_all(out_path, ec);
-      if (ec) throw Error(options.output + ": cannot remove it: " + ec.message());
-    } else if (fs::is_regular_file(record, ec)) {
-      auto store = make_file_store(options.output);
-      auto bytes = store->get(kProgressKey);
-      Json document =
-          parse_json(std::string_view(reinterpret_cast<const char*>(bytes->data()), bytes->size()),
-                     options.output + "/" + std::string(kProgressKey));
-      Json recorded = document.value("arguments", Json());
-      if (recorded.is_object() && !recorded.contains("verb")) recorded["verb"] = "convert";
-      if (recorded != arguments) {
+      if (record || fs::is_empty(out_path, ec)) {
+        // An unfinished output or an empty directory: nothing finished to keep.
+        fs::remove_all(out_path, ec);
+        if (ec) throw Error(options.output + ": cannot remove it: " + ec.message());
+      } else {
+        replacing = true;
+        write_path = replacement_path(out_path);
+        // An earlier --overwrite cut short resumes where its arguments are these; any other
+        // directory there is zfeed's own unfinished work and starts over.
+        std::optional<Json> earlier = read_record(write_path);
+        if (earlier && earlier->value("arguments", Json()) == arguments) {
+          previous = std::move(earlier);
+        } else if (fs::exists(write_path, ec)) {
+          fs::remove_all(write_path, ec);
+          if (ec) throw Error(write_path.string() + ": cannot remove it: " + ec.message());
+        }
+      }
+    } else if (record) {
+      if (record->value("arguments", Json()) != arguments) {
         throw Error(options.output + ": holds an unfinished " +
                     (options.rechunk ? "rechunk" : "conversion") + " with other arguments (" +
-                    document.value("arguments", Json()).dump() +
+                    record->value("arguments", Json()).dump() +
                     "); run it again with those, or pass --overwrite");
       }
-      previous = std::move(document);
+      previous = std::move(record);
     } else {
-      throw Error(options.output + ": already exists; pass --overwrite to replace it");
+      std::string also;
+      if (fs::exists(replacement_path(out_path), ec)) {
+        also = " (an earlier --overwrite was cut short: its unfinished store " +
+               replacement_path(out_path).string() + " resumes with --overwrite)";
+      }
+      throw Error(options.output + ": already exists; pass --overwrite to replace it" + also);
     }
   }
   FileStoreOptions store_options;
   store_options.create = true;
-  std::shared_ptr<Store> store = make_file_store(options.output, store_options);
-  ProgressRecord progress(store, arguments);
+  std::shared_ptr<Store> store = make_file_store(write_path.string(), store_options);
+  ProgressRecord progress(store, std::string(kProgressKey), verb, arguments);
   if (previous) {
     // Keep the units a previous run planned where they fit this run's budget (then its finished
     // units count); otherwise that output starts over with this run's plan.
     for (Output& output : outputs) {
-      auto recorded = ProgressRecord::recorded_plan(*previous, output.name);
+      std::optional<UnitPlan> recorded;
+      if (auto plan = ProgressRecord::recorded_plan(*previous, output.name)) {
+        recorded = UnitPlan{plan->at(0).get<uint64_t>(), plan->at(1).get<size_t>(),
+                            plan->at(2).get<uint64_t>()};
+      }
       if (recorded && !(*recorded == output.plan) && count_units(output, *recorded) > 0) {
         auto [unit_bytes, thread_bytes] = estimate(output, *recorded);
         if (unit_bytes + threads * thread_bytes <= options.max_memory) {
@@ -1274,11 +1229,11 @@ ConvertResult convert(const ConvertOptions& options) {
           output.thread_bytes = thread_bytes;
         }
       }
-      progress.load(*previous, output.name, output.plan);
+      progress.load(*previous, output.name, plan_json(output.plan));
     }
-    remove_stale_temporaries(out_path);
+    remove_stale_temporaries(write_path);
   }
-  for (const Output& output : outputs) progress.set_plan(output.name, output.plan);
+  for (const Output& output : outputs) progress.set_plan(output.name, plan_json(output.plan));
   progress.save();  // first: the output is marked incomplete before anything else is written
 
   std::vector<std::optional<zarr::Array>> arrays;
@@ -1353,6 +1308,7 @@ ConvertResult convert(const ConvertOptions& options) {
   group.set_attributes(first.attributes());
   group.consolidate();
   store->erase(kProgressKey);
+  if (replacing) swap_in_replacement(out_path, write_path);
   result.units_total = state.units_total;
   result.units_resumed = state.units_resumed;
   result.bytes_written = state.bytes_done;

@@ -17,6 +17,7 @@ namespace zfeed::ingest {
 namespace {
 
 using zfeed::testing::error_of;
+using zfeed::testing::file_tree;
 using zfeed::testing::TempDir;
 
 // t's value at a global index (see write_test_netcdf), decoded.
@@ -41,18 +42,6 @@ void expect_t_values(const std::vector<float>& values, size_t first_global = 0) 
       EXPECT_EQ(values[i], want) << i;
     }
   }
-}
-
-// Every file under `root` (relative path -> bytes).
-std::map<std::string, std::string> tree(const std::string& root) {
-  std::map<std::string, std::string> files;
-  for (const auto& entry : std::filesystem::recursive_directory_iterator(root)) {
-    if (!entry.is_regular_file()) continue;
-    std::ifstream in(entry.path(), std::ios::binary);
-    files[std::filesystem::relative(entry.path(), root).string()] =
-        std::string((std::istreambuf_iterator<char>(in)), {});
-  }
-  return files;
 }
 
 TEST(Convert, NetcdfToZarrV3) {
@@ -115,6 +104,52 @@ TEST(Convert, RefusesToOverwriteWithoutTheFlag) {
   EXPECT_TRUE(std::filesystem::exists(dir / "precious/notes.txt"));
 }
 
+TEST(Convert, OverwriteKeepsTheOldStoreUntilTheNewOneIsComplete) {
+  ZFEED_REQUIRE_NETCDF();
+  TempDir dir;
+  zfeed::testing::write_test_netcdf(dir / "in.nc", 6);
+  ConvertOptions options;
+  options.inputs = {dir / "in.nc"};
+  options.output = dir / "out.zarr";
+  options.chunks = {{"time", 1}};
+  options.codec = "none";
+  convert(options);
+  const auto old_files = file_tree(dir / "out.zarr");
+
+  // An --overwrite cut short leaves the old store as it was, and says where the new one is.
+  options.overwrite = true;
+  options.codec = "gzip:6";
+  options.on_progress = [](const ConvertProgress& p) {
+    if (p.units_done >= 2) throw Error("interrupted");
+  };
+  EXPECT_CONTAINS(error_of([&] { convert(options); }), "interrupted");
+  EXPECT_EQ(file_tree(dir / "out.zarr"), old_files);
+  const std::filesystem::path replacement = dir / ".out.zarr.zfeed-new";
+  EXPECT_TRUE(std::filesystem::exists(replacement / std::string(kProgressKey)));
+  options.overwrite = false;
+  EXPECT_CONTAINS(error_of([&] { convert(options); }), ".out.zarr.zfeed-new");
+
+  // The next --overwrite resumes it and swaps it in; nothing is left beside the store.
+  options.overwrite = true;
+  options.on_progress = nullptr;
+  ConvertResult result = convert(options);
+  EXPECT_GE(result.units_resumed, 2u);
+  EXPECT_FALSE(std::filesystem::exists(replacement));
+  EXPECT_FALSE(std::filesystem::exists(dir / ".out.zarr.zfeed-old"));
+  EXPECT_EQ(zarr::Array::open(open_store(dir / "out.zarr"), "t").metadata().codecs.size(), 2u);
+  expect_t_values(read_float(dir / "out.zarr", "t"));
+  EXPECT_FALSE(std::filesystem::exists(dir / ("out.zarr/" + std::string(kProgressKey))));
+
+  // A replacement with other arguments starts over; one cut short between the two renames of a
+  // swap without exchange (the old store aside, the new complete) is put in place first.
+  std::filesystem::rename(dir / "out.zarr", dir / ".out.zarr.zfeed-new");
+  std::filesystem::create_directories(dir / ".out.zarr.zfeed-old");
+  options.overwrite = false;
+  EXPECT_CONTAINS(error_of([&] { convert(options); }), "already exists");
+  EXPECT_FALSE(std::filesystem::exists(dir / ".out.zarr.zfeed-old"));
+  expect_t_values(read_float(dir / "out.zarr", "t"));
+}
+
 TEST(Convert, ResumesAfterAnInterruptionAndEndsIdentical) {
   ZFEED_REQUIRE_NETCDF();
   TempDir dir;
@@ -144,7 +179,7 @@ TEST(Convert, ResumesAfterAnInterruptionAndEndsIdentical) {
   ConvertResult result = convert(options);
   EXPECT_GE(result.units_resumed, 3u);
   EXPECT_LT(result.units_resumed, result.units_total);
-  EXPECT_EQ(tree(dir / "whole.zarr"), tree(dir / "resumed.zarr"));
+  EXPECT_EQ(file_tree(dir / "whole.zarr"), file_tree(dir / "resumed.zarr"));
   auto t = zarr::Array::open(open_store(dir / "resumed.zarr"), "t");
   EXPECT_EQ(t.metadata().chunk_shape, (std::vector<uint64_t>{2, 3, 4}));
   EXPECT_EQ(t.read_chunk_shape(), (std::vector<uint64_t>{1, 3, 4}));
@@ -522,7 +557,7 @@ TEST(Rechunk, ResumesAfterAnInterruptionAndEndsIdentical) {
   options.max_memory = 2 << 20;  // another budget: the recorded units still fit it and are kept
   ConvertResult result = rechunk(options);
   EXPECT_GE(result.units_resumed, 2u);
-  EXPECT_EQ(tree(dir / "whole.zarr"), tree(dir / "resumed.zarr"));
+  EXPECT_EQ(file_tree(dir / "whole.zarr"), file_tree(dir / "resumed.zarr"));
 }
 
 TEST(Convert, ParsesSelectionsAndMemorySizes) {

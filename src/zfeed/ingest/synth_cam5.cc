@@ -502,7 +502,22 @@ void write_cam5_synth(const Cam5SynthOptions& options) {
       synth_hours(options.times, options.start_hours, options.step_hours, "synth cam5");
   Json compressor = compressor_codec(options.codec);
 
-  auto store = open_synth_output(options.output, options.overwrite);
+  // One time step per chunk over the whole grid, optionally in shards of N steps.
+  const uint64_t block = options.shard_times ? options.shard_times : 1;
+  const size_t blocks = size_t((options.times + block - 1) / block);
+  Json arguments = {{"kind", "cam5"},
+                    {"nlat", options.nlat},
+                    {"nlon", options.nlon},
+                    {"times", options.times},
+                    {"step_hours", options.step_hours},
+                    {"start_hours", options.start_hours},
+                    {"seed", options.seed},
+                    {"codec", options.codec},
+                    {"shard_times", options.shard_times},
+                    {"stack", options.stack}};
+  SynthOutput output(options.output, options.overwrite, "synth cam5", arguments, blocks);
+  output.on_block = options.on_block;
+  const std::shared_ptr<Store>& store = output.store();
   const auto& variables = cam5_variables();
   Json names = Json::array();
   for (const auto& v : variables) names.push_back(v.name);
@@ -517,14 +532,11 @@ void write_cam5_synth(const Cam5SynthOptions& options) {
         {"layout", options.stack ? "stack" : "variables"}}},
       {"classes", class_names}};
   if (options.stack) root_attributes["variables"] = names;
-  zarr::Group::create(store, "", 3, root_attributes, true);
 
   const DataType f32{DataTypeId::kFloat32}, u8{DataTypeId::kUInt8};
   const uint64_t nt = options.times, nlat = options.nlat, nlon = options.nlon;
   write_synth_coordinates(store, "lat", "lon", synth.latitudes(), synth.longitudes(), hours);
 
-  // One time step per chunk over the whole grid, optionally in shards of N steps.
-  const uint64_t block = options.shard_times ? options.shard_times : 1;
   auto shard_of = [&](std::vector<uint64_t> chunk) -> std::optional<std::vector<uint64_t>> {
     if (!options.shard_times) return std::nullopt;
     chunk[0] = block;
@@ -540,8 +552,8 @@ void write_cam5_synth(const Cam5SynthOptions& options) {
       long_names.push_back(v.long_name);
     }
     std::vector<uint64_t> chunk = {1, Cam5Synth::kChannels, nlat, nlon};
-    stacked = zarr::Array::create(
-        store, "data",
+    stacked = output.create_array(
+        "data",
         synth_array_metadata({nt, Cam5Synth::kChannels, nlat, nlon}, f32, chunk, shard_of(chunk),
                              compressor, {"time", "variable", "lat", "lon"},
                              {{"variables", names},
@@ -551,15 +563,15 @@ void write_cam5_synth(const Cam5SynthOptions& options) {
   } else {
     for (const auto& v : variables) {
       std::vector<uint64_t> chunk = {1, nlat, nlon};
-      channel_arrays.push_back(zarr::Array::create(
-          store, v.name,
+      channel_arrays.push_back(output.create_array(
+          v.name,
           synth_array_metadata({nt, nlat, nlon}, f32, chunk, shard_of(chunk), compressor,
                                field_dims, {{"units", v.units}, {"long_name", v.long_name}})));
     }
   }
   std::vector<uint64_t> label_chunk = {1, nlat, nlon};
-  auto labels = zarr::Array::create(
-      store, "labels",
+  auto labels = output.create_array(
+      "labels",
       synth_array_metadata({nt, nlat, nlon}, u8, label_chunk, shard_of(label_chunk), compressor,
                            field_dims,
                            {{"long_name", "extreme weather class per pixel"},
@@ -567,7 +579,8 @@ void write_cam5_synth(const Cam5SynthOptions& options) {
                             {"flag_values", Json::array({0, 1, 2})},
                             {"flag_meanings", "background tropical_cyclone atmospheric_river"}}));
 
-  const size_t blocks = size_t((nt + block - 1) / block);
+  output.arrays_created();
+
   const size_t field = synth.field_size(), channels = Cam5Synth::kChannels;
   SynthProgress progress(options.progress, "synth cam5", "samples", nt,
                          double(field) * (double(channels) * 4 + 1));
@@ -605,10 +618,15 @@ void write_cam5_synth(const Cam5SynthOptions& options) {
   if (block == 1) {
     // One step per task: memory stays at about two steps per thread.
     pool.parallel_for(size_t(nt), [&](size_t t) {
+      if (output.is_done(t)) {
+        progress.skip(1);
+        return;
+      }
       std::vector<float> values(channels * field);
       std::vector<uint8_t> classes(field);
       generate_step(t, 1, 0, values, classes);
       for (size_t k = 0; k < outputs; ++k) write_output(t, t + 1, k, values, classes);
+      output.mark_done(t);
       progress.add(1);
     });
   } else {
@@ -617,6 +635,10 @@ void write_cam5_synth(const Cam5SynthOptions& options) {
     for (size_t b = 0; b < blocks; ++b) {
       uint64_t t0 = b * block, t1 = std::min<uint64_t>(nt, t0 + block);
       size_t steps = size_t(t1 - t0);
+      if (output.is_done(b)) {
+        progress.skip(steps);
+        continue;
+      }
       std::vector<float> values(steps * channels * field);
       std::vector<uint8_t> classes(steps * field);
       pool.parallel_for(steps, [&](size_t s) {
@@ -624,10 +646,11 @@ void write_cam5_synth(const Cam5SynthOptions& options) {
         progress.add(1);
       });
       pool.parallel_for(outputs, [&](size_t k) { write_output(t0, t1, k, values, classes); });
+      output.mark_done(b);
     }
   }
   progress.finish();
-  zarr::Group::open(store, "").consolidate();
+  output.finish(root_attributes);
 }
 
 }  // namespace zfeed::ingest

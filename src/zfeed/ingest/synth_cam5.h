@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -97,11 +98,13 @@ struct Cam5SynthOptions {
   bool stack = false;
   bool overwrite = false;
   bool progress = false;  // a progress line on stderr
+  // Called with the number of blocks written so far after each (tests stop a run by throwing).
+  std::function<void(uint64_t)> on_block;
 };
 
 // Writes the synthetic store (a Zarr v3 group, consolidated): the channels (or `data`), `labels`
 // (uint8) and the time, lat and lon coordinates. An existing non-empty output is an error unless
-// options.overwrite.
+// options.overwrite; an unfinished one written with the same options resumes (see SynthOutput).
 void write_cam5_synth(const Cam5SynthOptions& options);
 
 }  // namespace zfeed::ingest

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <numbers>
 
+#include "zfeed/ingest/replace.h"
 #include "zfeed/ingest/synth_common.h"
 #include "zfeed/util/error.h"
 #include "zfeed/util/thread_pool.h"
@@ -337,24 +338,104 @@ zarr::ArrayMetadata synth_array_metadata(std::vector<uint64_t> shape, DataType d
   return meta;
 }
 
-std::shared_ptr<Store> open_synth_output(const std::string& output, bool overwrite) {
-  auto store = open_store(output, /*create=*/true);
-  if (!store->list("").empty()) {
-    if (!overwrite)
-      throw Error(store->url() +
-                  ": already exists and is not empty (pass --overwrite to replace it)");
+SynthOutput::SynthOutput(const std::string& output, bool overwrite, const std::string& what,
+                         Json arguments, uint64_t blocks) {
+  const bool local = output.find("://") == std::string::npos || output.starts_with("file://");
+  if (local) {
+    output_path_ = output.starts_with("file://") ? output.substr(7) : output;
+    finish_interrupted_swap(output_path_);
+  }
+  store_ = open_store(output, /*create=*/true);
+  const std::string key(kSynthProgressKey);
+  const std::optional<Json> recorded = ProgressRecord::read(*store_, key);
+  const Json plan = Json::array({blocks});
+  std::optional<Json> previous;
+  auto same_run = [&](const std::optional<Json>& document) {
+    return document && document->value("arguments", Json()) == arguments &&
+           ProgressRecord::recorded_plan(*document, "blocks") == plan;
+  };
+  if (recorded) {
+    // An unfinished output: the same command resumes it; --overwrite starts it over.
+    if (same_run(recorded) && !overwrite) {
+      previous = recorded;
+    } else if (!overwrite) {
+      throw Error(store_->url() + ": holds an unfinished " + what + " with other arguments (" +
+                  recorded->value("arguments", Json()).dump() +
+                  "); run it again with those, or pass --overwrite");
+    } else {
+      store_->erase_prefix("");
+    }
+  } else if (!store_->list("").empty()) {
+    if (!overwrite) {
+      std::string also;
+      if (local && std::filesystem::exists(replacement_path(output_path_))) {
+        also = " (an earlier --overwrite was cut short: its unfinished store " +
+               replacement_path(output_path_).string() + " resumes with --overwrite)";
+      }
+      throw Error(store_->url() +
+                  ": already exists and is not empty (pass --overwrite to replace it)" + also);
+    }
     // --overwrite replaces a Zarr store, never a directory of other files.
     bool zarr = false;
     for (const char* marker : {"zarr.json", ".zgroup", ".zarray"})
-      zarr = zarr || store->size(marker);
+      zarr = zarr || store_->size(marker);
     if (!zarr) {
-      throw Error(store->url() +
+      throw Error(store_->url() +
                   ": holds files and is not a Zarr store; refusing to replace it (give a new or "
                   "empty directory)");
     }
-    store->erase_prefix("");
+    if (local) {
+      replacing_ = true;
+      write_path_ = replacement_path(output_path_);
+      FileStoreOptions options;
+      options.create = true;
+      store_ = make_file_store(write_path_.string(), options);
+      const std::optional<Json> earlier = ProgressRecord::read(*store_, key);
+      if (same_run(earlier)) {
+        previous = earlier;
+      } else {
+        store_->erase_prefix("");  // zfeed's own unfinished work: start over
+      }
+    } else {
+      store_->erase_prefix("");  // no rename on an object store
+    }
   }
-  return store;
+  record_.emplace(store_, key, what, std::move(arguments));
+  if (previous) {
+    resuming_ = true;
+    record_->load(*previous, "blocks", plan);
+    for (uint64_t b = 0; b < blocks; ++b) resumed_ += record_->is_done("blocks", b);
+  }
+  record_->set_plan("blocks", plan);
+  record_->save();  // first: the output is marked incomplete before anything else is written
+}
+
+zarr::Array SynthOutput::create_array(const std::string& name, zarr::ArrayMetadata metadata) {
+  if (resuming_) {
+    try {
+      return zarr::Array::open(store_, name);  // the same arguments: the same metadata
+    } catch (const NotFoundError&) {
+    }
+  }
+  return zarr::Array::create(store_, name, std::move(metadata));
+}
+
+void SynthOutput::arrays_created() { store_->erase("zarr.json"); }
+
+void SynthOutput::mark_done(uint64_t block) {
+  uint64_t done;
+  {
+    std::lock_guard lock(mutex_);
+    record_->mark_done("blocks", block);
+    done = ++written_;
+  }
+  if (on_block) on_block(resumed_ + done);
+}
+
+void SynthOutput::finish(const Json& attributes) {
+  zarr::Group::create(store_, "", 3, attributes, true).consolidate();
+  store_->erase(std::string(kSynthProgressKey));
+  if (replacing_) swap_in_replacement(output_path_, write_path_);
 }
 
 std::vector<int64_t> synth_hours(uint64_t times, double start_hours, double step_hours,
@@ -379,7 +460,8 @@ void write_synth_coordinates(const std::shared_ptr<Store>& store, const std::str
     auto array = zarr::Array::create(
         store, name,
         synth_array_metadata({size}, dtype, {std::min<uint64_t>(size, 1u << 20)}, std::nullopt,
-                             nullptr, {name}, std::move(attributes)));
+                             nullptr, {name}, std::move(attributes)),
+        /*overwrite=*/true);  // a resumed run writes them again
     array.write(array.full_selection(), values);
   };
   write(lat_name, latitudes.data(), latitudes.size(), f64,
@@ -408,6 +490,11 @@ void SynthProgress::add(uint64_t steps) {
   print(false);
 }
 
+void SynthProgress::skip(uint64_t steps) {
+  skipped_ += steps;
+  done_ += steps;
+}
+
 void SynthProgress::finish() { print(true); }
 
 void SynthProgress::print(bool final) {
@@ -417,9 +504,9 @@ void SynthProgress::print(bool final) {
   if (!final && now - last_print_ < std::chrono::milliseconds(200)) return;
   last_print_ = now;
   const double seconds = std::chrono::duration<double>(now - started_).count();
-  const uint64_t steps = done_.load();
-  const double mb = double(steps) * bytes_per_step_ / 1e6;
-  const double eta = steps ? seconds * double(total_ - steps) / double(steps) : 0;
+  const uint64_t steps = done_.load(), written = steps - skipped_.load();
+  const double mb = double(written) * bytes_per_step_ / 1e6;
+  const double eta = written ? seconds * double(total_ - steps) / double(written) : 0;
   std::fprintf(stderr, "\r%s: %llu/%llu %s (%.0f%%), %.1f MB/s, ETA %.0f s   ", label_.c_str(),
                (unsigned long long)steps, (unsigned long long)total_, unit_.c_str(),
                100.0 * double(steps) / double(total_), seconds > 0 ? mb / seconds : 0.0, eta);
@@ -435,21 +522,33 @@ void write_era5_synth(const SynthOptions& options) {
       synth_hours(options.times, options.start_hours, options.step_hours, "synth era5");
   Json compressor = compressor_codec(options.codec);
 
-  auto store = open_synth_output(options.output, options.overwrite);
+  const uint64_t block = options.shard_times ? options.shard_times : 1;
+  const size_t blocks = size_t((options.times + block - 1) / block);
+  Json arguments = {{"kind", "era5"},
+                    {"variables", variables},
+                    {"nlat", options.nlat},
+                    {"nlon", options.nlon},
+                    {"times", options.times},
+                    {"step_hours", options.step_hours},
+                    {"start_hours", options.start_hours},
+                    {"seed", options.seed},
+                    {"codec", options.codec},
+                    {"shard_times", options.shard_times}};
+  SynthOutput output(options.output, options.overwrite, "synth era5", arguments, blocks);
+  output.on_block = options.on_block;
+  const std::shared_ptr<Store>& store = output.store();
   const DataType f32{DataTypeId::kFloat32};
   Json root_attributes = {
       {"title", "zfeed synthetic ERA5-like data"},
       {"source", "zfeed synth era5"},
       {"zfeed_synth",
        {{"kind", "era5"}, {"seed", options.seed}, {"step_hours", options.step_hours}}}};
-  zarr::Group group = zarr::Group::create(store, "", 3, root_attributes, true);
 
   const uint64_t nt = options.times, nlat = options.nlat, nlon = options.nlon;
   write_synth_coordinates(store, "latitude", "longitude", synth.latitudes(), synth.longitudes(),
                           hours);
 
   // Variables: chunks of one time step over the whole grid, optionally in shards of N steps.
-  const uint64_t block = options.shard_times ? options.shard_times : 1;
   std::vector<zarr::Array> arrays;
   for (const auto& name : variables) {
     const auto& known = era5_variables();
@@ -457,20 +556,24 @@ void write_era5_synth(const SynthOptions& options) {
                              [&](const Era5Variable& v) { return v.name == name; });
     std::optional<std::vector<uint64_t>> shard;
     if (options.shard_times) shard = std::vector<uint64_t>{block, nlat, nlon};
-    arrays.push_back(zarr::Array::create(
-        store, name,
-        synth_array_metadata({nt, nlat, nlon}, f32, {1, nlat, nlon}, shard, compressor,
-                             {"time", "latitude", "longitude"},
-                             {{"units", info->units}, {"long_name", info->long_name}})));
+    arrays.push_back(output.create_array(
+        name, synth_array_metadata({nt, nlat, nlon}, f32, {1, nlat, nlon}, shard, compressor,
+                                   {"time", "latitude", "longitude"},
+                                   {{"units", info->units}, {"long_name", info->long_name}})));
   }
 
-  const size_t blocks = size_t((nt + block - 1) / block);
+  output.arrays_created();
+
   const size_t field = synth.field_size();
   SynthProgress progress(options.progress, "synth era5", "steps", nt,
                          double(field) * double(variables.size()) * 4);
   ThreadPool::shared().parallel_for(blocks, [&](size_t b) {
     uint64_t t0 = b * block, t1 = std::min<uint64_t>(nt, t0 + block);
     size_t steps = size_t(t1 - t0);
+    if (output.is_done(b)) {
+      progress.skip(steps);
+      return;
+    }
     std::vector<float> values(variables.size() * field);
     std::vector<std::vector<float>> per_variable(variables.size(),
                                                  std::vector<float>(steps * field));
@@ -483,10 +586,11 @@ void write_era5_synth(const SynthOptions& options) {
     for (size_t k = 0; k < variables.size(); ++k) {
       arrays[k].write({{t0, t1, 1}, {0, nlat, 1}, {0, nlon, 1}}, per_variable[k].data());
     }
+    output.mark_done(b);
     progress.add(steps);
   });
   progress.finish();
-  zarr::Group::open(store, "").consolidate();
+  output.finish(root_attributes);
 }
 
 }  // namespace zfeed::ingest

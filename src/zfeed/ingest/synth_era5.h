@@ -8,15 +8,20 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <filesystem>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "zfeed/ingest/progress_record.h"
 #include "zfeed/store/store.h"
 #include "zfeed/util/json.h"
+#include "zfeed/zarr/array.h"
 #include "zfeed/zarr/metadata.h"
 
 namespace zfeed::ingest {
@@ -81,13 +86,16 @@ struct SynthOptions {
   size_t shard_times = 0;  // 0: unsharded, one time step per chunk
   bool overwrite = false;
   bool progress = false;  // a progress line on stderr
+  // Called with the number of blocks written so far after each (tests stop a run by throwing).
+  std::function<void(uint64_t)> on_block;
 };
 
 // "zstd:3", "gzip:6", "blosc:lz4[:5]", "none" -> the bytes->bytes codec JSON (null for none).
 Json compressor_codec(const std::string& spec);
 
 // Writes the synthetic store (a Zarr v3 group, consolidated). An existing non-empty output is an
-// error unless options.overwrite.
+// error unless options.overwrite; an unfinished one written with the same options resumes (see
+// SynthOutput).
 void write_era5_synth(const SynthOptions& options);
 
 // "2000-01-01", "2000-01-01T06", "2000-01-01T06:00" -> hours since 2000-01-01 00 UTC.
@@ -102,9 +110,41 @@ zarr::ArrayMetadata synth_array_metadata(std::vector<uint64_t> shape, DataType d
                                          const Json& compressor, std::vector<std::string> dims,
                                          Json attributes);
 
-// The output store of a synthesizer, empty: an existing non-empty one is an error naming it
-// unless `overwrite`, which empties it.
-std::shared_ptr<Store> open_synth_output(const std::string& output, bool overwrite);
+inline constexpr std::string_view kSynthProgressKey = ".zfeed-synth-progress.json";
+
+// Where a synthesizer writes, in units of blocks of time steps (a shard's, else one step's). While
+// it writes, the store has no root group and holds a progress record (kSynthProgressKey): an
+// interrupted run leaves nothing that opens as a complete store, and the same command run again
+// resumes it, skipping the blocks done. An existing store is an error naming it unless
+// `overwrite`, which replaces only a Zarr store; a local one stays whole until the new one is
+// complete (written beside it, then swapped in; see replace.h).
+class SynthOutput {
+ public:
+  // `what`: "synth era5"; `arguments`: what a resumed run must repeat.
+  SynthOutput(const std::string& output, bool overwrite, const std::string& what, Json arguments,
+              uint64_t blocks);
+  const std::shared_ptr<Store>& store() const { return store_; }
+  // A new array, or on a resumed run the one it made.
+  zarr::Array create_array(const std::string& name, zarr::ArrayMetadata metadata);
+  // Call once the arrays exist: Array::create made the root group, which waits for finish().
+  void arrays_created();
+  bool is_done(uint64_t block) const { return record_->is_done("blocks", block); }
+  void mark_done(uint64_t block);  // thread-safe
+  // Called with the blocks written so far after each mark_done() (may throw to stop the run).
+  std::function<void(uint64_t)> on_block;
+  uint64_t blocks_resumed() const { return resumed_; }
+  // The root group with `attributes` and the consolidated metadata, then the record goes and a
+  // replacement takes the old store's place.
+  void finish(const Json& attributes);
+
+ private:
+  std::filesystem::path output_path_, write_path_;
+  bool replacing_ = false, resuming_ = false;
+  std::shared_ptr<Store> store_;
+  std::optional<ProgressRecord> record_;
+  uint64_t resumed_ = 0, written_ = 0;
+  std::mutex mutex_;
+};
 
 // The times, in hours since 2000-01-01: start + t * step for t < times. `what` ("synth era5")
 // names the command in the errors (no times, a step not positive, not whole hours).
@@ -125,6 +165,8 @@ class SynthProgress {
   SynthProgress(bool enabled, std::string label, std::string unit, uint64_t total,
                 double bytes_per_step);
   void add(uint64_t steps);
+  // Steps a previous run wrote: counted as done, not in the rate.
+  void skip(uint64_t steps);
   void finish();
 
  private:
@@ -134,7 +176,7 @@ class SynthProgress {
   std::string label_, unit_;
   uint64_t total_;
   double bytes_per_step_;
-  std::atomic<uint64_t> done_{0};
+  std::atomic<uint64_t> done_{0}, skipped_{0};
   std::mutex mutex_;
   std::chrono::steady_clock::time_point started_, last_print_;
 };

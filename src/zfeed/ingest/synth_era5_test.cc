@@ -182,5 +182,57 @@ TEST(SynthEra5, WritesStore) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(SynthEra5, ResumesAfterAnInterruptionAndKeepsAStoreItReplaces) {
+  testing::TempDir dir;
+  SynthOptions options;
+  options.output = dir / "whole.zarr";
+  options.nlat = 8;
+  options.nlon = 16;
+  options.times = 9;
+  options.shard_times = 2;
+  options.variables = {"t2m", "z500"};
+  write_era5_synth(options);
+
+  // Cut short: no root group (the store does not open as complete), a record that says so.
+  options.output = dir / "resumed.zarr";
+  options.on_block = [](uint64_t blocks) {
+    if (blocks >= 2) throw Error("interrupted");
+  };
+  EXPECT_TRUE(
+      testing::contains(testing::error_of([&] { write_era5_synth(options); }), "interrupted"));
+  auto store = open_store(options.output);
+  EXPECT_THROW(zarr::Group::open(store, ""), NotFoundError);
+  EXPECT_TRUE(store->size(std::string(kSynthProgressKey)));
+  // Other arguments are refused while the record is there; the same ones resume.
+  SynthOptions other = options;
+  other.seed = 5;
+  EXPECT_TRUE(testing::contains(testing::error_of([&] { write_era5_synth(other); }),
+                                "unfinished synth era5 with other arguments"));
+  uint64_t first_count = 0;
+  options.on_block = [&](uint64_t blocks) {
+    if (!first_count) first_count = blocks;
+  };
+  write_era5_synth(options);
+  EXPECT_GE(first_count, 3u);  // the blocks of the first run counted as done
+  EXPECT_EQ(testing::file_tree(dir / "whole.zarr"), testing::file_tree(dir / "resumed.zarr"));
+
+  // --overwrite cut short keeps the store it replaces whole; the next one finishes it.
+  const auto before = testing::file_tree(options.output);
+  options.overwrite = true;
+  options.seed = 5;
+  options.on_block = [](uint64_t blocks) {
+    if (blocks >= 2) throw Error("interrupted");
+  };
+  EXPECT_TRUE(
+      testing::contains(testing::error_of([&] { write_era5_synth(options); }), "interrupted"));
+  EXPECT_EQ(testing::file_tree(options.output), before);
+  EXPECT_TRUE(std::filesystem::exists(dir / ".resumed.zarr.zfeed-new"));
+  options.on_block = nullptr;
+  write_era5_synth(options);
+  EXPECT_FALSE(std::filesystem::exists(dir / ".resumed.zarr.zfeed-new"));
+  EXPECT_NE(testing::file_tree(options.output), before);
+  EXPECT_TRUE(zarr::Group::open(store, "").is_consolidated());
+}
+
 }  // namespace
 }  // namespace zfeed::ingest

@@ -13,6 +13,9 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -84,6 +87,18 @@ class TempDir {
  private:
   std::string path_;
 };
+
+// Every file under `root` (relative path -> bytes), to compare two stores byte for byte.
+inline std::map<std::string, std::string> file_tree(const std::filesystem::path& root) {
+  std::map<std::string, std::string> files;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(root)) {
+    if (!entry.is_regular_file()) continue;
+    std::ifstream in(entry.path(), std::ios::binary);
+    files[std::filesystem::relative(entry.path(), root).string()] =
+        std::string((std::istreambuf_iterator<char>(in)), {});
+  }
+  return files;
+}
 
 // The shared data folder (../shared next to the checkout), or "" when it is absent.
 inline std::string shared_dir() {
