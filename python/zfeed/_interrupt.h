@@ -10,6 +10,8 @@
 #include <memory>
 #include <thread>
 
+#include "zfeed/util/fork_gate.h"
+
 // A stop check (zarr::StageOptions::stop) for work started on the calling thread: asked on that
 // thread, it runs Python's signal handlers (with the GIL) at most every 100 ms and says true
 // once one raised (KeyboardInterrupt), leaving that error set for raise_if_interrupted; other
@@ -27,6 +29,9 @@ inline std::function<bool()> python_interrupt_check() {
     const auto now = std::chrono::steady_clock::now();
     if (now - state->last < std::chrono::milliseconds(100)) return false;
     state->last = now;
+    // This thread may hold a fork pass (work inside the pool) while a Python thread that holds
+    // the GIL waits in fork() for the passes: give them up while waiting for the GIL.
+    zfeed::ForkGate::Release for_the_gil;
     nanobind::gil_scoped_acquire acquire;
     if (PyErr_CheckSignals() != 0) state->interrupted = true;
     return state->interrupted.load();

@@ -43,7 +43,9 @@ inline std::string channels_json(const std::vector<zfeed::loader::Channel>& chan
 // before the first batch.
 inline void python_staging(zfeed::loader::LoaderSpec& spec, bool progress) {
   if (progress && !spec.stage_dir.empty()) {
-    spec.stage_progress = zfeed::zarr::stage_progress_printer("stage " + spec.stage_dir);
+    // In the background, lines (not redrawn in place): training prints beside them.
+    spec.stage_progress =
+        zfeed::zarr::stage_progress_printer("stage " + spec.stage_dir, spec.stage_in_background);
   }
   spec.stage_stop = python_interrupt_check();
 }

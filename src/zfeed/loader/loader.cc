@@ -849,9 +849,7 @@ Loader::Loader(LoaderSpec spec) : spec_(std::move(spec)), shared_(std::make_shar
   } else {
     pass_reason_ = "not asked for";
   }
-  local_.resize(arrays_.size());
-  for (size_t a = 0; a < arrays_.size(); ++a)
-    local_[a] = arrays_[a].stored_locally() && (!spec_.locatable || spec_.locatable(arrays_[a]));
+  find_local_arrays();
   set_locate_compressed(spec_.locate_compressed);
 
   if (spec_.order == "chunks") time_chunk = any_time_chunk;
@@ -983,7 +981,14 @@ bool Loader::set_pass_compressed(bool enabled) {
   return any;
 }
 
+void Loader::find_local_arrays() {
+  local_.assign(arrays_.size(), false);
+  for (size_t a = 0; a < arrays_.size(); ++a)
+    local_[a] = arrays_[a].stored_locally() && (!spec_.locatable || spec_.locatable(arrays_[a]));
+}
+
 bool Loader::set_locate_compressed(bool enabled) {
+  locate_requested_ = enabled;
   const bool any = std::find(local_.begin(), local_.end(), true) != local_.end();
   locate_enabled_ = enabled && any;
   return locate_enabled_;
@@ -1831,6 +1836,13 @@ struct Loader::BackgroundStage {
     }
     stop = true;
     {
+      // Until the copy has stopped, hold no pass: a fork meanwhile waits for the copy's threads,
+      // which wait for it to end (ForkGate's rule: no pass held across a wait for other work).
+      ForkGate::Release for_the_copy;
+      std::unique_lock lock(mutex);
+      cv.wait(lock, [&] { return done; });
+    }
+    {
       ForkGate::Pass pass;  // held while the thread exits: no fork meanwhile
       {
         std::lock_guard lock(park_mutex);
@@ -1882,6 +1894,7 @@ void Loader::reopen_arrays() {
   for (size_t a = 0; a < arrays_.size(); ++a) {
     arrays_[a] = zarr::Array::open(spec_.store, zarr::join_key(spec_.path, array_names_[a]));
   }
+  find_local_arrays();
 }
 
 void Loader::start_background_stage(zarr::StageOptions options) {
@@ -1890,9 +1903,14 @@ void Loader::start_background_stage(zarr::StageOptions options) {
   stage->source = spec_.store;
   FileStoreOptions create;
   create.create = true;
-  spec_.store = make_read_through_store(stage->source, make_file_store(spec_.stage_dir, create));
+  // Values come from the copy once this run has checked or copied them (metadata too: a copy
+  // an earlier run left may be of the source as it was).
+  auto staged_keys = std::make_shared<StagedKeys>();
+  spec_.store =
+      make_read_through_store(stage->source, make_file_store(spec_.stage_dir, create), staged_keys);
   reopen_arrays();
-  // The loader's reads run on the same pool as the copy's: in rounds, which they come between.
+  options.on_staged = [staged_keys](std::string_view key) { staged_keys->add(key); };
+  // The loader's reads run on the same pool as the copy's, half of whose threads it leaves free.
   options.share_pool = true;
   options.stop = [stage] { return stage->stop.load(); };
   options.progress = [stage, report = std::move(options.progress)](const zarr::StageProgress& p) {
@@ -1921,10 +1939,13 @@ void Loader::start_background_stage(zarr::StageOptions options) {
           } catch (...) {
             error = std::current_exception();
           }
-          std::lock_guard lock(stage->mutex);
-          stage->result = std::move(result);
-          stage->error = error;
-          stage->done = true;
+          {
+            std::lock_guard lock(stage->mutex);
+            stage->result = std::move(result);
+            stage->error = error;
+            stage->done = true;
+          }
+          stage->cv.notify_all();
         }
         // Parked, holding no pass, until end() lets it go while holding one.
         std::unique_lock park(stage->park_mutex);
@@ -1942,29 +1963,33 @@ void Loader::check_background_stage(bool idle) {
     if (background_->error) {
       try {
         std::rethrow_exception(background_->error);
-      } catch (const std::exception& e) {
-        throw Error("loader: staging " + background_->source->url() + " to " + spec_.stage_dir +
-                    " in the background failed: " + e.what());
+      } catch (...) {
+        rethrow_with_context("loader: staging " + background_->source->url() + " to " +
+                             spec_.stage_dir + " in the background failed");
       }
     }
   }
   if (!idle) return;
   // Done: from now on the copy alone (local files, read on the cores' pool).
   background_->end();
-  staged_ = background_->result;
   spec_.store = open_store(spec_.stage_dir);
   pool_ = &ThreadPool::for_reads(spec_.store->read_concurrency());
   reopen_arrays();
+  set_locate_compressed(locate_requested_);
+  std::lock_guard lock(staged_mutex_);
+  staged_ = background_->result;
   background_.reset();
 }
 
 std::optional<zarr::StageResult> Loader::staged() const {
+  std::lock_guard guard(staged_mutex_);
   if (!background_) return staged_;
   std::lock_guard lock(background_->mutex);
   return background_->result;  // set once the copy is done
 }
 
 std::optional<zarr::StageProgress> Loader::staging_progress() const {
+  std::lock_guard guard(staged_mutex_);
   if (!background_) return std::nullopt;
   std::lock_guard lock(background_->mutex);
   if (background_->done) return std::nullopt;

@@ -408,8 +408,11 @@ class Loader {
   // array with the time axis), or starts a copy in the background.
   void stage_and_reopen(size_t reference);
   void start_background_stage(zarr::StageOptions options);
-  // Opens the arrays again from spec_.store (names: their paths in the group).
+  // Opens the arrays again from spec_.store (names: their paths in the group), and sees which are
+  // local files now.
   void reopen_arrays();
+  // local_: the arrays stored in local files (and locatable).
+  void find_local_arrays();
   // With a copy in the background: rethrows its error, and once it is done and no batch is being
   // prepared (`idle`), reads the copy alone.
   void check_background_stage(bool idle);
@@ -454,6 +457,7 @@ class Loader {
   std::atomic<bool> pass_enabled_{false};
   std::vector<bool> local_;  // per array: stored_locally() and spec_.locatable
   std::atomic<bool> locate_enabled_{false};
+  bool locate_requested_ = false;  // the last set_locate_compressed()
   std::string pass_reason_;
   uint64_t time_extent_ = 0, lat_ = 0, lon_ = 0, lat_start_ = 0, lon_start_ = 0;
   uint64_t time_start_ = 0, time_stop_ = 0;  // spec_.time_range resolved against time_extent_
@@ -462,6 +466,9 @@ class Loader {
   std::optional<zarr::StageResult> staged_;
   std::vector<std::string> array_names_;  // per array: its path in spec_.path's group
   std::unique_ptr<BackgroundStage> background_;
+  // Guards staged_ and background_ (not what it points to) for staged() and staging_progress(),
+  // which another thread may ask while next() swaps in the finished copy.
+  mutable std::mutex staged_mutex_;
   std::vector<uint64_t> leads_;  // spec_.leads, else {spec_.lead}
   uint64_t max_lead_ = 0;
   uint64_t back_ = 0;  // how far the history reaches back: (history - 1) * history_step

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstring>
+#include <filesystem>
 #include <mutex>
 #include <random>
 #include <set>
@@ -1769,6 +1770,37 @@ TEST(Loader, ALoaderEndedWhileItStagesStopsTheCopyForALaterOneToFinish) {
   ASSERT_TRUE(finishing.staged());
   EXPECT_GT(finishing.staged()->present, 0u);
   EXPECT_GT(finishing.staged()->copied, 0u);
+}
+
+TEST(Loader, ABackgroundCopyReadsNothingAnEarlierCopyLeftUntilItHasCheckedIt) {
+  // An interrupted copy, then the source changes: the values the copy holds are of the source as
+  // it was, so reads go to the source until this run's copy has checked them.
+  testing::TempDir dir;
+  auto source = watched_store_with_extra(4);
+  const std::string copy = dir.path() + "/copy";
+  const size_t keys = source->list("").size();
+  int asked = 0;
+  zarr::StageOptions all_but_one;
+  all_but_one.threads = 1;
+  all_but_one.stop = [&] { return ++asked > int(keys); };  // asked before the values, then each
+  ASSERT_TRUE(zarr::stage(source, copy, all_but_one).stopped);
+  for (const char* key : {"extra/c/0/0/0", "extra/c/1/0/0", "extra/c/2/0/0", "extra/c/3/0/0"})
+    std::filesystem::remove(copy + "/" + key);
+  auto t2m = zarr::Array::open(source, "t2m");
+  std::vector<float> changed(kTimes * kLat * kLon);
+  for (size_t i = 0; i < changed.size(); ++i) changed[i] = 500.0f + float(i % 7);
+  t2m.write(t2m.full_selection(), changed.data());
+
+  ReadGate gate(*source, "extra/c/3/0/0");  // this run's copy checks no t2m value meanwhile
+  auto spec = base_spec(source);
+  spec.stage_dir = copy;
+  spec.stage_in_background = true;
+  Loader staging(spec);
+  ASSERT_TRUE(staging.staging_progress());
+  Loader direct(base_spec(source));
+  EXPECT_EQ(drain(staging), drain(direct));
+  gate.open();
+  wait_for_background_copy(staging);
 }
 
 TEST(Loader, ABackgroundCopyThatFailsEndsTheIteration) {

@@ -2,6 +2,7 @@
 
 #include <charconv>
 #include <filesystem>
+#include <mutex>
 
 #include "zfeed/util/error.h"
 
@@ -269,26 +270,33 @@ namespace {
 
 class ReadThroughStore final : public Store {
  public:
-  ReadThroughStore(std::shared_ptr<Store> source, std::shared_ptr<Store> directory)
-      : source_(std::move(source)), directory_(std::move(directory)) {}
+  ReadThroughStore(std::shared_ptr<Store> source, std::shared_ptr<Store> directory,
+                   std::shared_ptr<const StagedKeys> staged)
+      : source_(std::move(source)), directory_(std::move(directory)), staged_(std::move(staged)) {}
 
   std::optional<Bytes> get(std::string_view key, ByteRange range) const override {
-    if (auto value = directory_->get(key, range)) return value;
+    if (staged_->contains(key)) {
+      if (auto value = directory_->get(key, range)) return value;
+    }
     return source_->get(key, range);
   }
   bool get_into(std::string_view key, ByteRange range, Bytes& out) const override {
-    return directory_->get_into(key, range, out) || source_->get_into(key, range, out);
+    return (staged_->contains(key) && directory_->get_into(key, range, out)) ||
+           source_->get_into(key, range, out);
   }
   bool with_bytes(std::string_view key, ByteRange range,
                   const std::function<void(ByteView)>& use) const override {
-    return directory_->with_bytes(key, range, use) || source_->with_bytes(key, range, use);
+    return (staged_->contains(key) && directory_->with_bytes(key, range, use)) ||
+           source_->with_bytes(key, range, use);
   }
   std::vector<std::optional<Bytes>> get_many(std::span<const KeyRange> requests) const override {
     std::vector<std::optional<Bytes>> values(requests.size());
     std::vector<KeyRange> remote;
     std::vector<size_t> remote_index;
     for (size_t i = 0; i < requests.size(); ++i) {
-      values[i] = directory_->get(requests[i].key, requests[i].range);
+      if (staged_->contains(requests[i].key)) {
+        values[i] = directory_->get(requests[i].key, requests[i].range);
+      }
       if (!values[i]) {
         remote.push_back(requests[i]);
         remote_index.push_back(i);
@@ -301,11 +309,14 @@ class ReadThroughStore final : public Store {
   }
   bool read_range_into(std::string_view key, uint64_t offset, MutableByteView out,
                        std::optional<uint64_t> expected_size) const override {
-    return directory_->read_range_into(key, offset, out, expected_size) ||
+    return (staged_->contains(key) &&
+            directory_->read_range_into(key, offset, out, expected_size)) ||
            source_->read_range_into(key, offset, out, expected_size);
   }
   std::optional<uint64_t> size(std::string_view key) const override {
-    if (auto size = directory_->size(key)) return size;
+    if (staged_->contains(key)) {
+      if (auto size = directory_->size(key)) return size;
+    }
     return source_->size(key);
   }
   void set(std::string_view key, ByteView) override { refuse_write(key); }
@@ -331,13 +342,26 @@ class ReadThroughStore final : public Store {
   }
 
   std::shared_ptr<Store> source_, directory_;
+  std::shared_ptr<const StagedKeys> staged_;
 };
 
 }  // namespace
 
+void StagedKeys::add(std::string_view key) {
+  std::unique_lock lock(mutex_);
+  keys_.emplace(key);
+}
+
+bool StagedKeys::contains(std::string_view key) const {
+  std::shared_lock lock(mutex_);
+  return keys_.find(key) != keys_.end();
+}
+
 std::shared_ptr<Store> make_read_through_store(std::shared_ptr<Store> source,
-                                               std::shared_ptr<Store> directory) {
-  return std::make_shared<ReadThroughStore>(std::move(source), std::move(directory));
+                                               std::shared_ptr<Store> directory,
+                                               std::shared_ptr<const StagedKeys> staged) {
+  return std::make_shared<ReadThroughStore>(std::move(source), std::move(directory),
+                                            std::move(staged));
 }
 
 }  // namespace zfeed

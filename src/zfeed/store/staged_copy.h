@@ -8,10 +8,13 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
+#include <shared_mutex>
 #include <string>
 #include <string_view>
+#include <unordered_set>
 #include <vector>
 
 #include "zfeed/store/store.h"
@@ -72,12 +75,32 @@ std::optional<StagedTimeRange> staged_time_range(const Store& store);
 std::shared_ptr<Store> open_staged_copy(std::shared_ptr<Store> directory,
                                         const std::string& root = "");
 
+// The values of a copy being made that this run has checked against the source (present, of
+// the listed size) or copied: the only ones a read-through store reads from the copy, since a
+// value an earlier, interrupted copy left there may be of an older source (one appended to
+// since). Thread-safe; taken only by threads that hold a fork pass (the pool's), so a forked
+// child finds it free and reads the rest from the source.
+class StagedKeys {
+ public:
+  void add(std::string_view key);
+  bool contains(std::string_view key) const;
+
+ private:
+  struct Hash {
+    using is_transparent = void;
+    size_t operator()(std::string_view key) const { return std::hash<std::string_view>{}(key); }
+  };
+  mutable std::shared_mutex mutex_;
+  std::unordered_set<std::string, Hash, std::equal_to<>> keys_;
+};
+
 // A copy being made while it is read (a loader staging in the background): each value from
-// `directory` (a filesystem store) where it is there already, else from `source`. A value present
-// is complete (staging writes values whole, by temporary file and rename), and the copy's are the
+// `directory` (a filesystem store) where `staged` holds its key, else from `source`. A value in
+// `staged` is complete (staging writes values whole, by temporary file and rename) and the
 // source's, so a read sees the source's value either way, from local disk as soon as the copy
-// holds it. Read-only; lists, counts its reads in flight, and names itself as the source.
+// holds it. Read-only; lists through the source, and names itself as the source.
 std::shared_ptr<Store> make_read_through_store(std::shared_ptr<Store> source,
-                                               std::shared_ptr<Store> directory);
+                                               std::shared_ptr<Store> directory,
+                                               std::shared_ptr<const StagedKeys> staged);
 
 }  // namespace zfeed

@@ -185,13 +185,50 @@ StagedTimeRange plan_time_range(const std::shared_ptr<Store>& source, const Stag
   return range;
 }
 
+// The descriptors of the staging locks this process holds. A flock belongs to the open file,
+// which a forked child shares: the child closes its copies at once, so that the lock goes when
+// the parent lets it go, not when the last child (a DataLoader worker) exits.
+class LockDescriptors {
+ public:
+  static LockDescriptors& get() {
+    static LockDescriptors* made = [] {
+      auto* descriptors = new LockDescriptors;  // never destroyed: fork handlers use it
+      ForkGate::add_fork_handlers([descriptors] { descriptors->mutex_.lock(); },
+                                  [descriptors] { descriptors->mutex_.unlock(); },
+                                  [descriptors] {
+                                    for (int fd : descriptors->fds_) ::close(fd);
+                                    descriptors->fds_.clear();
+                                    descriptors->mutex_.unlock();
+                                  });
+      return descriptors;
+    }();
+    return *made;
+  }
+  // Opens `path` (O_CLOEXEC: an exec'd program gets none either) and keeps the descriptor.
+  int open(const std::string& path) {
+    std::lock_guard lock(mutex_);
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd >= 0) fds_.insert(fd);
+    return fd;
+  }
+  // Closes `fd` unless a fork's child already did (in the child, where the lock is not its).
+  void close(int fd) {
+    std::lock_guard lock(mutex_);
+    if (fds_.erase(fd)) ::close(fd);
+  }
+
+ private:
+  std::mutex mutex_;
+  std::set<int> fds_;
+};
+
 // An exclusive lock on `path`, held until destruction (released by the kernel if the process
 // dies, so a killed stager never blocks the next). While another process holds it, waits, asking
 // `stop` (where given) now and then whether to give up (held() is false then).
 class FileLock {
  public:
   FileLock(const std::string& path, const std::function<bool()>& stop) {
-    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    fd_ = LockDescriptors::get().open(path);
     if (fd_ < 0) throw Error(path + ": cannot open the staging lock: " + std::strerror(errno));
     for (;;) {
       if (::flock(fd_, LOCK_EX | LOCK_NB) == 0) {
@@ -204,12 +241,12 @@ class FileLock {
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
       } else if (errno != EINTR) {
         const int error = errno;
-        ::close(fd_);
+        LockDescriptors::get().close(fd_);
         throw Error(path + ": cannot take the staging lock: " + std::strerror(error));
       }
     }
   }
-  ~FileLock() { ::close(fd_); }
+  ~FileLock() { LockDescriptors::get().close(fd_); }
   FileLock(const FileLock&) = delete;
   FileLock& operator=(const FileLock&) = delete;
   bool held() const { return held_; }
@@ -333,24 +370,27 @@ void check_local_destination(const std::string& destination_path) {
 
 }  // namespace
 
-std::function<void(const StageProgress&)> stage_progress_printer(std::string label) {
+std::function<void(const StageProgress&)> stage_progress_printer(std::string label,
+                                                                 bool beside_other_output) {
   struct State {
-    bool printed = false;
+    bool printed = false, finished = false;
     double last_line = -1;
   };
   auto state = std::make_shared<State>();
-  const bool terminal = ::isatty(STDERR_FILENO) == 1;
-  return [label = std::move(label), state, terminal](const StageProgress& p) {
+  const bool in_place = !beside_other_output && ::isatty(STDERR_FILENO) == 1;
+  return [label = std::move(label), state, in_place](const StageProgress& p) {
     const bool done = p.keys_done == p.keys_total;
+    if (state->finished) return;  // the last line is out (stage() reports the end twice)
     if (done && !state->printed && p.bytes_copied == 0) return;  // nothing copied here
-    if (!terminal && !done && state->last_line >= 0 && p.seconds - state->last_line < 10) return;
+    if (!in_place && !done && state->last_line >= 0 && p.seconds - state->last_line < 10) return;
     state->printed = true;
+    state->finished = done;
     state->last_line = p.seconds;
     const double rate = p.seconds > 0 ? double(p.bytes_copied) / p.seconds / 1e6 : 0.0;
-    std::fprintf(stderr, "%s%s: %llu/%llu keys, %.1f MiB copied, %.1f MB/s%s", terminal ? "\r" : "",
+    std::fprintf(stderr, "%s%s: %llu/%llu keys, %.1f MiB copied, %.1f MB/s%s", in_place ? "\r" : "",
                  label.c_str(), static_cast<unsigned long long>(p.keys_done),
                  static_cast<unsigned long long>(p.keys_total), double(p.bytes_copied) / 1048576.0,
-                 rate, done || !terminal ? "\n" : "   ");
+                 rate, done || !in_place ? "\n" : "   ");
     std::fflush(stderr);
   };
 }
@@ -438,31 +478,24 @@ StageResult stage(std::shared_ptr<Store> source, const std::string& destination_
     // A value present is complete (written whole); one of another listed size is copied again.
     if (have && (!listed_size || *listed_size == *have)) {
       ++present;
+      if (options.on_staged) options.on_staged(key);
     } else if (auto value = source->get(key)) {
       destination->set(key, *value);  // whole, by temporary file and rename
       ++copied;
       bytes += value->size();
+      if (options.on_staged) options.on_staged(key);
     } else {
       ++missing;
     }
     ++done;
     report(false);
   };
-  // Shared with other work: in rounds of a few values per thread, which that work's tasks, queued
-  // behind a round, come between.
-  const size_t round = options.share_pool ? 4 * pool.size() : entries.size();
+  // Shared with other work (a loader's reads): in rounds of a value for half the threads, so that
+  // the other half take that work's tasks at once, not after a round's values.
+  const size_t round = options.share_pool ? std::max<size_t>(1, pool.size() / 2) : entries.size();
   for (size_t first = 0; first < entries.size() && !stopped; first += round) {
     pool.parallel_for(std::min(round, entries.size() - first),
                       [&](size_t k) { copy_entry(first + k); });
-  }
-  // The values reach the disk before the record that calls them complete: a node that loses
-  // power must not find a complete copy of empty files.
-  if (copied > 0) {
-    const int directory = ::open(destination_path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (directory >= 0) {
-      ::syncfs(directory);
-      ::close(directory);
-    }
   }
   result.copied = copied;
   result.present = present;
@@ -472,6 +505,14 @@ StageResult stage(std::shared_ptr<Store> source, const std::string& destination_
     result.stopped = true;
     result.seconds = elapsed();
     return result;
+  }
+  // The values reach the disk before the record that calls them complete (also those a killed
+  // run wrote and this one found): a node that loses power must not find a complete copy of
+  // empty files.
+  const int directory = ::open(destination_path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (directory >= 0) {
+    ::syncfs(directory);
+    ::close(directory);
   }
   const std::time_t now = std::time(nullptr);
   char date[32];

@@ -43,9 +43,12 @@ struct StageOptions {
   // the values in place for a later run to go on from.
   std::function<bool()> stop;
   // The pool (threads == 0) is shared with other work that must not wait for the whole copy (a
-  // loader's reads, beside its copy in the background): the values are copied in rounds of a
-  // few per thread, and work queued meanwhile runs between rounds.
+  // loader's reads, beside its copy in the background): the values are copied in rounds of one
+  // for each of half the pool's threads, so that the other half take work queued meanwhile.
   bool share_pool = false;
+  // Called with each value's key once it is in place: found present (of the source's listed
+  // size) or copied; not for values the source lacks. From the copying threads.
+  std::function<void(std::string_view key)> on_staged;
 };
 
 struct StageResult {
@@ -75,10 +78,12 @@ bool stage_is_complete(const std::shared_ptr<Store>& source, const std::string& 
                        const StageOptions& options = {});
 
 // A progress line on stderr ("LABEL: 120/4000 keys, 310.2 MiB copied, 95.1 MB/s"): on a terminal
-// redrawn in place at each call, elsewhere (a job's log file) one line every 10 seconds; ended
+// redrawn in place at each call, elsewhere (a job's log file) or `beside_other_output` (a copy in
+// the background of training that prints too) one line every 10 seconds; the last line once,
 // when the copy is done. Silent where nothing was copied (the copy was there already, or another
 // process of the node made it).
-std::function<void(const StageProgress&)> stage_progress_printer(std::string label);
+std::function<void(const StageProgress&)> stage_progress_printer(std::string label,
+                                                                 bool beside_other_output = false);
 
 // Every key of the hierarchy at the root of `store`: listed where the store can list; else from
 // its metadata (a group's members from its consolidated metadata, an array's chunk keys from its

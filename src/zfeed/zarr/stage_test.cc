@@ -2,15 +2,20 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/file.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <numeric>
 #include <thread>
 
 #include "zfeed/store/http_testing.h"
 #include "zfeed/util/error.h"
+#include "zfeed/util/fork_gate.h"
 #include "zfeed/util/testing.h"
 #include "zfeed/zarr/array.h"
 #include "zfeed/zarr/group.h"
@@ -210,6 +215,52 @@ TEST(Stage, StopsWhenAskedAndALaterRunFinishesTheCopy) {
   expect_same_hierarchy(source, destination);
 }
 
+TEST(Stage, AChildForkedDuringACopyDoesNotKeepTheLock) {
+  // A flock belongs to the open file, which a forked child shares: a DataLoader worker forked
+  // while the parent copies must not hold the node's lock after the parent lets it go.
+  auto source = sample_hierarchy();
+  TempDir dir;
+  const std::string destination = dir.path() + "/copy";
+  std::mutex mutex;
+  std::condition_variable changed;
+  bool copying = false, forked = false;
+  StageOptions options;
+  options.stop = [&] {
+    std::unique_lock lock(mutex);
+    if (!copying) {
+      copying = true;
+      changed.notify_all();
+      ForkGate::Release for_the_fork;
+      changed.wait(lock, [&] { return forked; });
+    }
+    return false;
+  };
+  StageResult result;
+  std::thread copier([&] { result = stage(source, destination, options); });
+  pid_t child;
+  {
+    std::unique_lock lock(mutex);
+    changed.wait(lock, [&] { return copying; });
+  }
+  child = ::fork();
+  if (child == 0) {
+    for (;;) ::pause();  // alive, doing nothing, until killed
+  }
+  {
+    std::lock_guard lock(mutex);
+    forked = true;
+  }
+  changed.notify_all();
+  copier.join();
+  EXPECT_FALSE(result.stopped);
+  const int fd = ::open((destination + "/.zfeed-stage.lock").c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  EXPECT_EQ(::flock(fd, LOCK_EX | LOCK_NB), 0) << "the child still holds the lock";
+  ::close(fd);
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+}
+
 TEST(Stage, AProcessWaitingForAnotherOnesCopyStopsWhenAsked) {
   auto source = sample_hierarchy();
   TempDir dir;
@@ -259,6 +310,7 @@ TEST(Stage, ProgressLinesSayHowFarTheCopyIs) {
   print({0, 10, 0, 0.0});
   print({5, 10, 3 << 20, 1.0});  // within 10 s of the last line: not printed
   print({10, 10, 6 << 20, 2.0});
+  print({10, 10, 6 << 20, 2.0});  // stage() reports the end again: one last line
   EXPECT_EQ(::testing::internal::GetCapturedStderr(),
             "stage /x: 0/10 keys, 0.0 MiB copied, 0.0 MB/s\n"
             "stage /x: 10/10 keys, 6.0 MiB copied, 3.1 MB/s\n");
