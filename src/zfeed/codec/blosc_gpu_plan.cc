@@ -14,22 +14,23 @@ uint32_t read_u32(const uint8_t* p) {
   return uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24;
 }
 
-// A chunk the GPU path does not take as it is: the CPU decodes it with c-blosc, which reads what
-// it can and refuses what is corrupt with its own error.
-BloscGpuPlan on_cpu(BloscGpuPlan plan, const std::string& why) {
+// A plan that gives the chunk to no GPU copy or stream, saying why in `note` (`why` or `error`).
+BloscGpuPlan without_gpu(BloscGpuPlan plan, std::string BloscGpuPlan::*note, std::string text) {
   plan.gpu = false;
-  plan.why = "blosc chunk for the CPU: " + why;
+  plan.*note = std::move(text);
   plan.streams.clear();
   plan.blocks.clear();
   return plan;
 }
 
+// A chunk the GPU path does not take as it is: the CPU decodes it with c-blosc, which reads what
+// it can and refuses what is corrupt with its own error.
+BloscGpuPlan on_cpu(BloscGpuPlan plan, const std::string& why) {
+  return without_gpu(std::move(plan), &BloscGpuPlan::why, "blosc chunk for the CPU: " + why);
+}
+
 BloscGpuPlan corrupt(BloscGpuPlan plan, const std::string& what) {
-  plan.gpu = false;
-  plan.error = "blosc: corrupt chunk: " + what;
-  plan.streams.clear();
-  plan.blocks.clear();
-  return plan;
+  return without_gpu(std::move(plan), &BloscGpuPlan::error, "blosc: corrupt chunk: " + what);
 }
 
 }  // namespace
