@@ -1649,7 +1649,7 @@ std::shared_ptr<testing::WatchedStore> watched_store_with_extra(uint64_t extra_c
 class ReadGate {
  public:
   ReadGate(testing::WatchedStore& store, std::string key) {
-    store.on_read = [this, key = std::move(key)](std::string_view read) {
+    store.on_read = [this, key = std::move(key)](std::string_view read, const ByteRange&) {
       if (read != key) return;
       ForkGate::Release waiting;
       std::unique_lock lock(mutex_);
@@ -1750,7 +1750,7 @@ TEST(Loader, AForkedChildOfALoaderStagingInTheBackgroundReadsThroughToTheSource)
 TEST(Loader, ALoaderEndedWhileItStagesStopsTheCopyForALaterOneToFinish) {
   testing::TempDir dir;
   auto source = watched_store_with_extra(200);
-  source->on_read = [](std::string_view key) {
+  source->on_read = [](std::string_view key, const ByteRange&) {
     if (key.starts_with("extra/c/")) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   };
   auto spec = base_spec(source);
@@ -1806,7 +1806,7 @@ TEST(Loader, ABackgroundCopyReadsNothingAnEarlierCopyLeftUntilItHasCheckedIt) {
 TEST(Loader, ABackgroundCopyThatFailsEndsTheIteration) {
   testing::TempDir dir;
   auto source = watched_store_with_extra(2);
-  source->on_read = [](std::string_view key) {
+  source->on_read = [](std::string_view key, const ByteRange&) {
     if (key == "extra/c/1/0/0") throw Error("memory://: extra/c/1/0/0: connection reset");
   };
   auto spec = base_spec(source);

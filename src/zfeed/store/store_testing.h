@@ -14,14 +14,15 @@
 
 namespace zfeed::testing {
 
-// Every read (get, and the reads the Store defaults build on it) calls `on_read` with the key
-// first, from whatever thread reads; `reads` counts them. Set on_read before sharing the store.
+// Every read (get, and the reads the Store defaults build on it) calls `on_read` with the key and
+// the byte range first, from whatever thread reads; `reads` counts them. Set on_read before
+// sharing the store.
 class WatchedStore final : public Store {
  public:
   explicit WatchedStore(std::shared_ptr<Store> inner) : inner_(std::move(inner)) {}
   std::optional<Bytes> get(std::string_view key, ByteRange range) const override {
     ++reads;
-    if (on_read) on_read(key);
+    if (on_read) on_read(key, range);
     return inner_->get(key, range);
   }
   std::optional<uint64_t> size(std::string_view key) const override { return inner_->size(key); }
@@ -35,7 +36,7 @@ class WatchedStore final : public Store {
   }
   std::string url() const override { return inner_->url(); }
 
-  std::function<void(std::string_view key)> on_read;
+  std::function<void(std::string_view key, const ByteRange& range)> on_read;
   mutable std::atomic<uint64_t> reads{0};
 
  private:

@@ -24,6 +24,7 @@
 
 #include "zfeed/codec/crc32c.h"
 #include "zfeed/store/http_testing.h"
+#include "zfeed/store/store_testing.h"
 #include "zfeed/util/error.h"
 #include "zfeed/util/testing.h"
 #include "zfeed/zarr/group.h"
@@ -123,33 +124,24 @@ std::vector<T> ramp(size_t n, T start = T{1}) {
   return v;
 }
 
-// A store that records every read, to check that sharded reads fetch only what they need.
-class RecordingStore final : public Store {
+// Records every read of a watched store (key and range), to check that sharded reads fetch only
+// what they need.
+class ReadLog {
  public:
-  std::optional<Bytes> get(std::string_view key, ByteRange range) const override {
-    {
+  explicit ReadLog(testing::WatchedStore& store) {
+    store.on_read = [this](std::string_view key, const ByteRange& range) {
       std::lock_guard lock(mutex_);
       reads_.push_back({std::string(key), range});
-    }
-    return inner_->get(key, range);
+    };
   }
-  std::optional<uint64_t> size(std::string_view key) const override { return inner_->size(key); }
-  void set(std::string_view key, ByteView value) override { inner_->set(key, value); }
-  void erase(std::string_view key) override { inner_->erase(key); }
-  std::vector<std::string> list(std::string_view prefix) const override {
-    return inner_->list(prefix);
-  }
-  std::string url() const override { return "recording://"; }
-
-  std::vector<KeyRange> take_reads() {
+  std::vector<KeyRange> take() {
     std::lock_guard lock(mutex_);
     return std::exchange(reads_, {});
   }
 
  private:
-  std::shared_ptr<Store> inner_ = make_memory_store();
-  mutable std::mutex mutex_;
-  mutable std::vector<KeyRange> reads_;
+  std::mutex mutex_;
+  std::vector<KeyRange> reads_;
 };
 
 TEST(Array, CreateOpenReadWriteWhole) {
@@ -375,7 +367,8 @@ TEST(Array, V2OrderFAndBigEndianRoundTrip) {
 }
 
 TEST(Array, ShardedPartialReadFetchesIndexAndOneInnerChunk) {
-  auto store = std::make_shared<RecordingStore>();
+  auto store = std::make_shared<testing::WatchedStore>(make_memory_store());
+  ReadLog log(*store);
   const std::string codecs =
       R"([{"name": "sharding_indexed", "configuration": {"chunk_shape": [4, 4],
       "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "zstd", "configuration": {"level": 1}}]}}])";
@@ -385,12 +378,12 @@ TEST(Array, ShardedPartialReadFetchesIndexAndOneInnerChunk) {
   for (size_t i = 0; i < 256; ++i) values[i] = std::sin(0.1f * static_cast<float>(i)) + 2.0f;
   array.write(array.full_selection(), values.data());
   Array opened = Array::open(store, "s");
-  store->take_reads();
+  log.take();
   // One element: the index (a suffix read) and one inner chunk (a range read) of one shard.
   float one = 0;
   opened.read({{9, 10, 1}, {13, 14, 1}}, &one);
   EXPECT_EQ(one, values[9 * 16 + 13]);
-  auto reads = store->take_reads();
+  auto reads = log.take();
   ASSERT_EQ(reads.size(), 2u);
   EXPECT_EQ(reads[0].key, "s/c/1/1");
   EXPECT_EQ(reads[0].range.kind, ByteRange::Kind::kSuffix);
@@ -401,7 +394,7 @@ TEST(Array, ShardedPartialReadFetchesIndexAndOneInnerChunk) {
   // A whole shard is one read; the whole array matches.
   std::vector<float> shard(64);
   opened.read({{8, 16, 1}, {0, 8, 1}}, shard.data());
-  reads = store->take_reads();
+  reads = log.take();
   ASSERT_EQ(reads.size(), 1u);
   EXPECT_EQ(reads[0].range.kind, ByteRange::Kind::kAll);
   Model<float> model({16, 16}, 0);
@@ -448,18 +441,19 @@ TEST(Array, EarlyStepsOfAChunkDecodeOnlyTheStartOfItsStream) {
 // A read of part of an uncompressed chunk fetches only the bytes from the part's first element to
 // its last: one time step of a chunk of many, a crop, an inner chunk's part inside a shard.
 TEST(Array, PartialReadsOfUncompressedChunksFetchOnlyTheirBytes) {
-  auto store = std::make_shared<RecordingStore>();
+  auto store = std::make_shared<testing::WatchedStore>(make_memory_store());
+  ReadLog log(*store);
   const std::vector<uint64_t> shape{8, 16, 32};
   Array array = Array::create(store, "u", v3_meta("float32", shape, shape));
   Model<float> model(shape, 0);
   model.values = ramp<float>(8 * 16 * 32);
   array.write(array.full_selection(), model.values.data());
-  store->take_reads();
+  log.take();
 
   const uint64_t plane = 16 * 32;
   const Selection step{{3, 4, 1}, {0, 16, 1}, {0, 32, 1}};
   EXPECT_EQ(read_all<float>(array, step), model.read(step));
-  auto reads = store->take_reads();
+  auto reads = log.take();
   ASSERT_EQ(reads.size(), 1u);
   EXPECT_EQ(reads[0].key, "u/c/0/0/0");
   EXPECT_EQ(reads[0].range.kind, ByteRange::Kind::kRange);
@@ -468,7 +462,7 @@ TEST(Array, PartialReadsOfUncompressedChunksFetchOnlyTheirBytes) {
 
   const Selection crop{{5, 6, 1}, {4, 6, 1}, {10, 20, 1}};  // rows 4..5, columns 10..19
   EXPECT_EQ(read_all<float>(array, crop), model.read(crop));
-  reads = store->take_reads();
+  reads = log.take();
   ASSERT_EQ(reads.size(), 1u);
   EXPECT_EQ(reads[0].range.offset, (5 * plane + 4 * 32) * 4);
   EXPECT_EQ(reads[0].range.length, (32 + 20) * 4u);
@@ -480,7 +474,7 @@ TEST(Array, PartialReadsOfUncompressedChunksFetchOnlyTheirBytes) {
   }
   // The whole chunk is still one whole read.
   EXPECT_EQ(read_all<float>(array, array.full_selection()), model.values);
-  reads = store->take_reads();
+  reads = log.take();
   ASSERT_FALSE(reads.empty());
   EXPECT_EQ(reads.back().range.kind, ByteRange::Kind::kAll);
 
@@ -490,10 +484,10 @@ TEST(Array, PartialReadsOfUncompressedChunksFetchOnlyTheirBytes) {
                               std::string(kLittle) + "]}}]";
   Array shards = Array::create(store, "s", v3_meta("float32", shape, shape, sharded));
   shards.write(shards.full_selection(), model.values.data());
-  store->take_reads();
+  log.take();
   const Selection late{{6, 7, 1}, {0, 16, 1}, {0, 32, 1}};
   EXPECT_EQ(read_all<float>(shards, late), model.read(late));
-  reads = store->take_reads();
+  reads = log.take();
   ASSERT_EQ(reads.size(), 2u);  // the index, then the step
   EXPECT_EQ(reads[1].range.kind, ByteRange::Kind::kRange);
   EXPECT_EQ(reads[1].range.length, plane * 4);
