@@ -91,3 +91,132 @@ def test_a_failed_write_leaves_no_temporary_file_and_the_old_file(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt", "result.json"]
     assert common.load_checkpoint(str(checkpoint)) == {"step": 1}
     assert json.loads(result.read_text()) == {"step": 1}
+
+
+# ---------------------------------------------------------------- values as the Loader decodes them
+
+def _cf_store(path, zarr_format: int):
+    """Arrays (time 4, lat 3, lon 5) stored with the CF encodings the Loader decodes, and the
+    stored values."""
+    import base64
+    import struct
+
+    import numpy as np
+    import zfeed
+
+    rng = np.random.default_rng(3)
+    dims = ["time", "latitude", "longitude"]
+    root = zfeed.create_group(str(path), zarr_format=zarr_format)
+    stored = {}
+
+    def add(name, values, attributes, fill_value=None):
+        root.create_array(name, shape=values.shape, chunks=(1, 3, 5), dtype=values.dtype, data=values,
+                          attributes=attributes, fill_value=fill_value, dimension_names=dims)
+        stored[name] = values
+
+    packed = rng.integers(-32768, 32767, (4, 3, 5)).astype("int16")
+    packed[0, 0, :2] = [-32767, -32768]
+    add("packed", packed, {"scale_factor": 0.01, "add_offset": 280.0, "_FillValue": -32767,
+                           "missing_value": [-32768]})
+    small = rng.integers(-128, 127, (4, 3, 5)).astype("int8")
+    small[1, 1, 1] = -1
+    add("unsigned", small, {"_Unsigned": "true", "scale_factor": [0.5], "_FillValue": -1})
+    floats = rng.standard_normal((4, 3, 5)).astype("float32")
+    floats[2, 2, 2] = -9999.0
+    if zarr_format == 3:  # xarray's Zarr v3 form of a float _FillValue: the base64 of a double
+        add("floats", floats, {"_FillValue": base64.b64encode(struct.pack("<d", -9999.0)).decode()})
+    else:  # v2: a float fill_value other than 0 masks by itself
+        add("floats", floats, {}, fill_value=-9999.0)
+        zeros = floats.copy()
+        zeros[0, 0, 0] = 0.0
+        add("zeros", zeros, {}, fill_value=0.0)  # zarr-python's default fill value: not a mask
+        v2packed = packed.copy()
+        add("v2packed", v2packed, {"scale_factor": 0.5}, fill_value=-32767)  # fill_value is the _FillValue
+    labels = rng.integers(0, 3, (4, 3, 5)).astype("uint8")
+    labels[3, 0, 0] = 255
+    add("labels", labels, {"_FillValue": 255} if zarr_format == 3 else {"missing_value": 255})
+    return stored
+
+
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_validation_reads_decode_as_the_loader_does(tmp_path, zarr_format):
+    """read_decoded / read_labels (validation reads the arrays itself) give the Loader's values:
+    CF scale and offset, _FillValue and missing_value (NaN; -100 for labels), _Unsigned, the v2
+    fill_value rules, float32 at the end."""
+    import numpy as np
+    import zfeed
+
+    path = tmp_path / "cf.zarr"
+    stored = _cf_store(path, zarr_format)
+    group = zfeed.open(str(path))
+    for name in stored:
+        if name == "labels":
+            continue
+        loader = zfeed.Loader(str(path), inputs=[name], targets=[], lead=0, batch_size=4, shuffle=False,
+                              normalize=False, drop_last=False)
+        want = next(iter(loader))["inputs"][:, 0]
+        got = common.read_decoded(group[name], 0, 4)
+        assert got.dtype == np.float32
+        np.testing.assert_array_equal(got, want, err_msg=name)
+    decoded = common.read_decoded(group["packed"], 0, 1)
+    assert np.isnan(decoded[0, 0, :2]).all() and np.isfinite(decoded[0, 0, 2:]).all()
+    assert np.isnan(common.read_decoded(group["unsigned"], 1, 2)[0, 1, 1])
+    labels = zfeed.Loader(str(path), inputs=["floats"], targets=["labels"], lead=0, batch_size=4, shuffle=False,
+                          drop_last=False)
+    want = next(iter(labels))["targets"]
+    got = common.read_labels(group["labels"], 0, 4)
+    np.testing.assert_array_equal(got, want)
+    assert got[3, 0, 0] == -100 and got.dtype == np.int64
+
+
+# ---------------------------------------------------------------- resume: rank 0 decides
+
+class _FakeRanks(common.Dist):
+    """A two-process Dist whose all_gather_object answers with what each rank would have seen."""
+
+    def __init__(self, rank: int, seen: list):
+        super().__init__(rank=rank, world_size=2)
+        self.seen = seen
+
+    def all_gather_object(self, obj):
+        out = list(self.seen)
+        out[self.rank] = obj
+        return out
+
+
+def test_rank_zero_decides_whether_to_resume(tmp_path):
+    present, absent = tmp_path / "ckpt.pt", tmp_path / "elsewhere.pt"
+    present.write_bytes(b"x")
+    assert common.resume_decision(str(present), common.Dist()) is True
+    assert common.resume_decision(str(absent), common.Dist()) is False
+    # Rank 1 has a file of that name, rank 0 none: neither resumes.
+    assert common.resume_decision(str(present), _FakeRanks(1, [False, True])) is False
+    # Rank 0 resumes and rank 1 cannot find the file (a node-local path): every rank stops,
+    # naming the rank.
+    for rank, seen in ((0, [True, False]), (1, [True, False])):
+        path = present if rank == 0 else absent
+        with pytest.raises(SystemExit, match=r"exists on rank 0 but not on rank 1: give --checkpoint a path"):
+            common.resume_decision(str(path), _FakeRanks(rank, seen))
+
+
+def test_checkpoints_of_another_recipe_or_other_options_are_refused(tmp_path):
+    settings = {"--lr": 0.001, "--gradient-lag": False, "--amp": "none"}
+    state = {"task": "forecast", "settings": dict(settings)}
+    common.check_checkpoint_settings("c.pt", state, "forecast", settings)
+    with pytest.raises(SystemExit, match=r"c\.pt was written by the forecast recipe; this is segment"):
+        common.check_checkpoint_settings("c.pt", state, "segment", settings)
+    changed = {**settings, "--lr": 0.002, "--gradient-lag": True}
+    with pytest.raises(SystemExit, match=r"c\.pt was written with --lr 0\.001 \(this run: 0\.002\); --gradient-lag off "
+                                         r"\(this run: on\)"):
+        common.check_checkpoint_settings("c.pt", state, "forecast", changed)
+    # Older checkpoints hold no settings: they load unchecked; a new option absent from the
+    # checkpoint is not a mismatch.
+    common.check_checkpoint_settings("c.pt", {"task": "forecast"}, "forecast", changed, log_note=False)
+    common.check_checkpoint_settings("c.pt", state, "forecast", {**settings, "--new": 1})
+
+
+def test_integer_lists_are_checked():
+    assert common.parse_int_list("32, 16,16", "--decoder-channels", minimum=16) == [32, 16, 16]
+    for text in (",", "", "32,,16", "a", "32,8"):
+        with pytest.raises(SystemExit, match="--decoder-channels must be comma-separated integers of at least 16"):
+            common.parse_int_list(text, "--decoder-channels", minimum=16)

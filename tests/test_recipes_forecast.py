@@ -262,3 +262,118 @@ def test_two_nodes_each_stage_and_train_on_their_own_block(store, tmp_path):
         held = sorted(p.name for p in (tmp_path / f"scratch-{rank}" / "era5.zarr" / "t2m" / "c").iterdir())
         assert sorted(int(t) for t in held) == list(range(rank * per_node, (rank + 1) * per_node + 1))
     assert steps_by_rank[0] == steps_by_rank[1]
+
+
+def _copy_t2m(store: str, path, packed: bool) -> str:
+    """The store's t2m as an int16 store packed with scale_factor 0.01 (``packed``) or as float32
+    holding the very values that packing decodes to, with its time and grid coordinates."""
+    import numpy as np
+    import zfeed
+
+    source = zfeed.open(store)
+    values = np.asarray(source["t2m"][...], dtype=np.float64)
+    scale, offset = 0.01, float(np.round(values.mean()))
+    raw = np.round((values - offset) / scale).astype("int16")
+    root = zfeed.create_group(str(path))
+    dims = ["time", "latitude", "longitude"]
+    if packed:
+        root.create_array("t2m", shape=raw.shape, chunks=(1, *raw.shape[1:]), dtype="int16", data=raw,
+                          dimension_names=dims, attributes={"scale_factor": scale, "add_offset": offset,
+                                                            "_FillValue": -32767})
+    else:
+        decoded = (raw.astype(np.float64) * scale + offset).astype("float32")  # as the Loader decodes
+        root.create_array("t2m", shape=raw.shape, chunks=(1, *raw.shape[1:]), dtype="float32", data=decoded,
+                          dimension_names=dims)
+    for name in ("time", "latitude", "longitude"):
+        array = source[name]
+        root.create_array(name, shape=array.shape, dtype=array.dtype, data=np.asarray(array[...]),
+                          dimension_names=[name], attributes=dict(array.attrs))
+    return str(path)
+
+
+def test_a_packed_store_validates_as_the_float_store_it_decodes_to(store, tmp_path, capsys):
+    """Validation reads the held-out times itself: decoded as the Loader decodes the training
+    batches (scale_factor, add_offset), so an int16-packed store scores as its float twin (the
+    raw int16 values would make both RMSEs 1/scale_factor = 100 times too large)."""
+    docs = {}
+    for packed in (False, True):
+        path = _copy_t2m(store, tmp_path / f"{'packed' if packed else 'float'}.zarr", packed)
+        out = tmp_path / f"{packed}.json"
+        assert run(["--store", path, "--inputs", "t2m", "--steps", "2", "--no-flops", "--json", str(out),
+                    *SMALL]) == 0
+        docs[packed] = json.loads(out.read_text())
+    assert docs[True]["statistics"]["t2m"] == pytest.approx(docs[False]["statistics"]["t2m"], rel=1e-6)
+    assert docs[True]["runs"][0]["losses"] == pytest.approx(docs[False]["runs"][0]["losses"], rel=1e-5)
+    want, got = docs[False]["validation"]["variables"]["t2m"], docs[True]["validation"]["variables"]["t2m"]
+    assert 0.1 < want["persistence_rmse"] < 10  # kelvin, as the float store holds them
+    for key in ("rmse", "persistence_rmse", "ratio"):
+        assert got[key] == pytest.approx(want[key], rel=1e-5), key
+    # --steps 2 with --warmup 2: the timing keeps the last step, and says so.
+    assert "--warmup 2 is not below the 2 steps of the zfeed/real run" in capsys.readouterr().err
+
+
+def test_checkpoint_and_resume_belong_to_the_zfeed_real_run(store, tmp_path):
+    """--resume with several modes and sources: the zfeed real run resumes from and writes the
+    checkpoint; the synthetic and baseline runs neither load nor write it (they used to reload the
+    checkpoint the real run had just written and run no step, or stop the invocation)."""
+    ckpt, out = tmp_path / "ckpt.pt", tmp_path / "runs.json"
+    assert run(["--store", store, "--inputs", "t2m,u500,z500", "--steps", "3", "--warmup", "1", "--no-val",
+                "--no-flops", "--mode", "real,synthetic", "--source", "zfeed,baseline", "--baseline-workers", "0",
+                "--checkpoint", str(ckpt), "--resume", "--json", str(out), *SMALL]) == 0
+    doc = json.loads(out.read_text())
+    runs = {(r["source"], r["mode"]): r for r in doc["runs"]}
+    assert set(runs) == {(s, m) for s in ("zfeed", "baseline") for m in ("real", "synthetic")}
+    assert all(r["steps"] == 3 and r["samples_per_s"]["median"] for r in runs.values())
+    assert set(doc["headline"]) == {"zfeed", "baseline"}
+    state = torch.load(ckpt, weights_only=False)
+    assert state["step"] == 3 and state["losses"] == runs[("zfeed", "real")]["losses"]
+    # Where no zfeed real run is asked for, the checkpoint options cannot work: refused up front.
+    base = ["--store", store, "--inputs", "t2m", *SMALL]
+    with pytest.raises(SystemExit, match=r"--checkpoint and --resume apply to the zfeed real-mode run only .*"
+                                         r"--source baseline --mode real"):
+        run([*base, "--source", "baseline", "--checkpoint", str(ckpt), "--resume"])
+    with pytest.raises(SystemExit, match=r"--checkpoint applies to the zfeed real-mode run only"):
+        run([*base, "--mode", "synthetic", "--checkpoint", str(ckpt)])
+    with pytest.raises(SystemExit, match=r"--resume needs --checkpoint"):
+        run([*base, "--resume"])
+
+
+def test_resume_refuses_a_checkpoint_of_other_options(uninterrupted, tmp_path):
+    ckpt = tmp_path / "ckpt.pt"
+    shutil.copy(uninterrupted["dir"] / "ckpt.pt", ckpt)
+    args = list(uninterrupted["args"])
+    args[args.index("--checkpoint") + 1] = str(ckpt)
+    args[args.index("--json") + 1] = str(tmp_path / "other.json")
+    for extra, message in ((["--lr", "0.002"], r"--lr 0\.001 \(this run: 0\.002\)"),
+                           (["--amp", "fp16"], r"--amp none \(this run: fp16\)"),
+                           (["--loss", "hackathon"], r"--loss mse \(this run: hackathon\)")):
+        with pytest.raises(SystemExit, match=rf"{ckpt} was written with {message}"):
+            run(args + extra + ["--resume"])
+    state = torch.load(ckpt, weights_only=False)
+    torch.save({**state, "task": "segment"}, ckpt)
+    with pytest.raises(SystemExit, match=rf"{ckpt} was written by the segment recipe; this is forecast"):
+        run(args + ["--resume"])
+    # A checkpoint from before the settings were saved still resumes (here: nothing left to do).
+    del state["settings"]
+    torch.save(state, ckpt)
+    assert run(args + ["--resume"]) == 0
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--lead", "-1"], r"--lead must be at least 1"),
+    (["--lead", "0"], r"--lead must be at least 1"),
+    (["--decoder-channels", "32,16,8"], r"--decoder-channels must be comma-separated integers of at least 16, "
+                                        r"got '32,16,8'"),
+    (["--decoder-channels", "32,,16"], r"--decoder-channels must be comma-separated integers"),
+    (["--decoder-channels", "32,16"], r"--decoder-channels needs 3 numbers"),
+    (["--batch-size", "32"], r"the training split holds 20 samples, fewer than one batch of 32"),
+])
+def test_bad_arguments_are_refused_with_a_message(store, extra, message):
+    args = ["--store", store, "--inputs", "t2m", "--steps", "2", "--no-flops", *SMALL]
+    for i in range(0, len(extra), 2):  # replace SMALL's value where it has the option
+        if extra[i] in args:
+            args[args.index(extra[i]) + 1] = extra[i + 1]
+        else:
+            args += extra[i:i + 2]
+    with pytest.raises(SystemExit, match=message):
+        run(args)

@@ -67,9 +67,11 @@ def test_train_segment_end_to_end(store, tmp_path):
     for name in CLASSES:
         assert f"iou_{name}" in val and name in val["iou"] and name in val["background_only_iou"]
         assert val["iou"][name] is None or 0.0 <= val["iou"][name] <= 1.0
-    # the background-only predictor: IoU 0 for cyclones and rivers, background frequency for background
-    assert val["background_only_iou"]["cyclone"] == 0.0 and val["background_only_iou"]["river"] == 0.0
+    # the background-only predictor: IoU 0 for cyclones and rivers present in the labels (a class
+    # absent from them has none, as the model's), background frequency for background
     matrix = val["confusion_matrix"]
+    for k, name in enumerate(CLASSES[1:], start=1):
+        assert val["background_only_iou"][name] == (0.0 if sum(matrix[k]) else None), name
     assert sum(map(sum, matrix)) == 3 * 22 * 36
     assert val["background_only_iou"]["background"] == pytest.approx(sum(matrix[0]) / sum(map(sum, matrix)))
     assert (tmp_path / "run.png").stat().st_size > 0
@@ -145,3 +147,104 @@ def test_two_processes_gradient_lag_larc_disjoint_samples_identical_weights(stor
         assert (a or b) and not set(a) & set(b), (epoch, a, b)
         assert all(t < doc["split"] for t in a + b)
     assert doc["validation"]["samples"] == 3 and doc["validation"]["mean_iou"] is not None
+
+
+# ---------------------------------------------------------------- in this process (no start-up cost)
+
+def _main(args: list[str]) -> int:
+    import torch
+
+    from zfeed.recipes import segment
+
+    threads = torch.get_num_threads()
+    try:
+        return segment.main(args)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.fixture()
+def store_copy(store, tmp_path) -> str:
+    path = tmp_path / "cam5.zarr"
+    shutil.copytree(store, path)
+    return str(path)
+
+
+def test_absent_classes_leave_both_mean_ious_alike(store_copy, tmp_path):
+    """A class in neither the labels nor the predictions has no IoU and stays out of the mean, for
+    the background-only predictor as for the model (it used to count 0 in the predictor's mean)."""
+    import numpy as np
+    import zfeed
+
+    from zfeed.recipes import common as recipes_common
+    from zfeed.recipes import segment, segment_smoke
+
+    labels = zfeed.open(store_copy, mode="r+")["labels"]
+    held_out = np.asarray(labels[9:12])
+    held_out[held_out == 1] = 0  # no cyclone in the held-out times
+    held_out[:, 0, :3] = 2       # and some river
+    labels[9:12] = held_out
+    args = segment.build_parser().parse_args(["--store", store_copy, *TINY])
+    task = segment.SegmentTask(args, recipes_common.Dist())
+    val = task.validate(task.build_model(), recipes_common.Dist())
+    background = val["background_only_iou"]
+    assert background["cyclone"] is None and background["river"] == 0.0 and 0 < background["background"] < 1
+    assert val["background_only_mean_iou"] == pytest.approx((background["background"] + 0.0) / 2)
+    present = [v for v in val["iou"].values() if v is not None]
+    assert val["mean_iou"] == pytest.approx(sum(present) / len(present))
+    assert "-" in segment.validation_table(val)
+    # The smoke run scores the same way (NaN: no IoU).
+    subprocess.run([ZFEED, "stats", store_copy, "--variables", ",".join(segment.CHANNELS)], check=True,
+                   stdout=subprocess.DEVNULL)
+    smoke = segment_smoke.run(store_copy, store_copy, "tiramisu", steps=1, batch_size=2, channels_last=False,
+                              model_options={"growth_rate": 4, "layers": (2,), "bottleneck_layers": 1,
+                                             "first_channels": 8}, log=lambda *a: None)
+    whole = zfeed.open(store_copy)["labels"]
+    if not (np.asarray(whole[...]) == 1).any():
+        assert math.isnan(smoke["background_only_iou"]["cyclone"])
+    iou = [v for v in smoke["background_only_iou"].values() if not math.isnan(v)]
+    assert smoke["background_only_mean_iou"] == pytest.approx(sum(iou) / len(iou))
+
+
+def test_segment_refuses_what_would_fail_later(store_copy, tmp_path):
+    base = ["--store", store_copy, *TINY, "--steps", "1", "--no-flops", "--no-val"]
+    # 3 classes in the labels, 2 asked for: the loss would index past the logits.
+    with pytest.raises(SystemExit, match=r"segment: labels holds the label 2 .*not a class of --classes 2 \(0\.\.1\): "
+                                         r"give --classes 3"):
+        _main([*base, "--classes", "2"])
+    for layers in (",", "2,,2", "2,0", "x"):
+        args = list(base)
+        args[args.index("--tiramisu-layers") + 1] = layers
+        with pytest.raises(SystemExit, match=r"segment: --tiramisu-layers must be comma-separated integers of at "
+                                             r"least 1"):
+            _main(args)
+    # Statistics errors name the recipe that asked for them.
+    import zfeed
+    root = zfeed.open(store_copy, mode="r+")
+    root["TMQ"].attrs["zfeed_stats"] = {"mean": 1.0, "std": 0.0}
+    root.consolidate()  # the group's consolidated metadata holds the attributes too
+    with pytest.raises(SystemExit, match=r"^segment: TMQ has standard deviation 0\.0"):
+        _main([*base, "--inputs", "TMQ"])
+
+
+def test_resume_refuses_other_optimizer_and_precision(store, tmp_path):
+    """A checkpoint resumed with --gradient-lag toggled (another optimizer state) or --amp
+    changed (the grad scaler's state) is refused naming the checkpoint and the option."""
+    import torch
+
+    ckpt = tmp_path / "ckpt.pt"
+    base = ["--store", store, *TINY, "--steps", "1", "--no-flops", "--no-val", "--checkpoint", str(ckpt)]
+    assert _main(base) == 0
+    for extra, message in ((["--gradient-lag"], r"--gradient-lag off \(this run: on\)"),
+                           (["--amp", "fp16"], r"--amp none \(this run: fp16\)"),
+                           (["--lr", "0.01"], r"--lr 0\.001 \(this run: 0\.01\)"),
+                           (["--growth-rate", "8"], r"--growth-rate 4 \(this run: 8\)")):
+        with pytest.raises(SystemExit, match=rf"{ckpt} was written with {message}"):
+            _main([*base, *extra, "--resume"])
+    # A checkpoint written before the settings were saved: the optimizer state that does not fit
+    # is refused with a message too, not a KeyError.
+    state = torch.load(ckpt, weights_only=False)
+    del state["settings"]
+    torch.save(state, ckpt)
+    with pytest.raises(SystemExit, match=rf"{ckpt}: its optimizer state does not fit this run"):
+        _main([*base, "--gradient-lag", "--resume"])

@@ -16,6 +16,7 @@
 #include "zfeed/store/store.h"
 #include "zfeed/util/error.h"
 #include "zfeed/zarr/array.h"
+#include "zfeed/zarr/cf.h"
 #include "zfeed/zarr/group.h"
 #include "zfeed/zarr/stage.h"
 
@@ -133,6 +134,19 @@ NB_MODULE(_core, m) {
           nb::call_guard<nb::gil_scoped_release>())
       .def_prop_ro("path", &Array::path)
       .def_prop_ro("store", &Array::store)
+      // The CF encoding the loader and `zfeed stats` decode stored values with (zarr/cf.h), for
+      // Python code that must read values as they do.
+      .def("cf_encoding",
+           [](const Array& a) {
+             const auto e = zfeed::zarr::cf_encoding(a.metadata(), a.path());
+             nb::dict out;
+             out["packed"] = e.packed;
+             out["scale"] = e.scale;
+             out["offset"] = e.offset;
+             out["missing"] = nb::tuple(nb::cast(e.missing));
+             out["wrap"] = e.wrap;
+             return out;
+           })
       .def_prop_ro("shape", [](const Array& a) { return a.metadata().shape; })
       .def_prop_ro("chunk_shape", [](const Array& a) { return a.metadata().chunk_shape; })
       .def_prop_ro("read_chunk_shape", &Array::read_chunk_shape)

@@ -6,8 +6,12 @@
 - :func:`seed_everything`, :func:`set_deterministic` (deterministic algorithms: on CPU a resumed
   run ends bit-identical to an uninterrupted one).
 - :func:`save_checkpoint` / :func:`load_checkpoint`: model, optimizer, grad scaler, step, epoch,
-  the RNG states and every rank's loader ``state_dict``, written atomically (temp file +
-  ``os.replace``) by rank 0.
+  the RNG states, every rank's loader ``state_dict`` and the task's options that must match on
+  resume (:meth:`Task.checkpoint_settings`), written atomically (temp file + ``os.replace``) by
+  rank 0; only the zfeed real-mode run resumes from and writes it, and rank 0 decides whether to
+  resume (:func:`resume_decision`).
+- :func:`read_decoded` / :func:`read_labels`: an array's values as the Loader decodes them (CF
+  ``scale_factor``, ``add_offset``, missing values), for validation read straight from the store.
 - :func:`train`: the loop skeleton a recipe fills with a :class:`Task` (model, batches, loss), in
   one of three modes, the blog's three bars: ``real`` (train on the source's batches),
   ``load-only`` (iterate the source, no training step) and ``synthetic`` (train on the first
@@ -215,6 +219,76 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
 
 
 # -------------------------------------------------------------------------------------------
+# Reading values as the Loader decodes them
+
+
+@dataclasses.dataclass(frozen=True)
+class CfEncoding:
+    """An array's CF encoding as zfeed's Loader and ``zfeed stats`` apply it (C++
+    ``zfeed::zarr::cf_encoding``): a stored value equal to a missing value (``_FillValue``,
+    ``missing_value``) is NaN (for a label: -100, PyTorch's ignore_index), the others are
+    ``raw * scale_factor + add_offset`` in float64, then float32; ``wrap`` (2**bits where a signed
+    integer holds unsigned values, ``_Unsigned = "true"``) is added to a negative raw value first."""
+
+    packed: bool = False
+    scale: float = 1.0
+    offset: float = 0.0
+    missing: tuple = ()
+    wrap: float = 0.0
+
+    @property
+    def active(self) -> bool:
+        return self.packed or bool(self.missing) or self.wrap != 0.0
+
+
+def cf_encoding(array, what: str | None = None) -> CfEncoding:
+    """The CF encoding of a ``zfeed.Array``, by the Loader's own rules (C++
+    ``zfeed::zarr::cf_encoding``): none for half floats and non-numeric types; on Zarr v2 the
+    array's fill_value counts as ``_FillValue`` where xarray's zarr backend takes it so."""
+    from zfeed import ZarrError
+
+    try:
+        return CfEncoding(**array._core.cf_encoding())
+    except ZarrError as error:
+        raise SystemExit(f"{what or array.name}: {error}") from None
+
+
+def _unsigned_raw(values: np.ndarray, encoding: CfEncoding) -> np.ndarray:
+    raw = values.astype(np.float64)
+    if encoding.wrap:
+        raw = np.where(raw < 0, raw + encoding.wrap, raw)
+    return raw
+
+
+def read_decoded(array, start: int, stop: int, encoding: CfEncoding | None = None) -> np.ndarray:
+    """``array[start:stop]`` as float32 physical values, decoded as the Loader decodes them
+    (:class:`CfEncoding`); ``zfeed.Array`` indexing itself returns the stored values."""
+    encoding = cf_encoding(array) if encoding is None else encoding
+    values = np.asarray(array[start:stop])
+    if not encoding.active:
+        return values.astype(np.float32)
+    raw = _unsigned_raw(values, encoding)
+    out = raw * encoding.scale + encoding.offset
+    if encoding.missing:
+        out[np.isin(raw, encoding.missing)] = np.nan
+    return out.astype(np.float32)
+
+
+IGNORE_LABEL = -100  # the Loader's label for a missing value (PyTorch's ignore_index)
+
+
+def read_labels(array, start: int, stop: int, encoding: CfEncoding | None = None) -> np.ndarray:
+    """``array[start:stop]`` of an integer label array as the Loader delivers label targets:
+    int64, the stored value itself, -100 where it is a missing value."""
+    encoding = cf_encoding(array) if encoding is None else encoding
+    values = np.asarray(array[start:stop])
+    out = values.astype(np.int64)
+    if encoding.missing:
+        out[np.isin(_unsigned_raw(values, encoding), encoding.missing)] = IGNORE_LABEL
+    return out
+
+
+# -------------------------------------------------------------------------------------------
 # Statistics of timings
 
 
@@ -257,6 +331,12 @@ class Task:
 
     def validate(self, model: torch.nn.Module, dist: Dist) -> dict | None:
         return None
+
+    def checkpoint_settings(self) -> dict:
+        """The options a checkpoint must be resumed with, ``{"--flag": value}`` (model, loss,
+        optimizer): saved in the checkpoint and compared on resume. Options the loader's state
+        checks already (store, split, batch size, seed) need not be here."""
+        return {}
 
 
 @dataclasses.dataclass
@@ -355,6 +435,75 @@ def _set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def resume_decision(checkpoint: str, dist: Dist) -> bool:
+    """Whether to resume from ``checkpoint``: rank 0 decides (the file exists there) and every
+    rank follows; where rank 0 resumes, a rank that cannot find the file (a node-local path on
+    another node) makes every rank stop with the same message, rather than one rank failing
+    while the others wait for it."""
+    seen = dist.all_gather_object(os.path.exists(checkpoint))
+    if not seen[0]:
+        return False
+    lacking = [rank for rank, found in enumerate(seen) if not found]
+    if lacking:
+        ranks = ", ".join(map(str, lacking))
+        raise SystemExit(f"--resume: {checkpoint} exists on rank 0 but not on rank{'s' if len(lacking) > 1 else ''} "
+                         f"{ranks}: give --checkpoint a path every process can read (a shared file system)")
+    return True
+
+
+def _setting_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value)
+
+
+def check_checkpoint_settings(checkpoint: str, state: dict, task_name: str, settings: dict,
+                              log_note: bool = True) -> None:
+    """Refuses (SystemExit naming the checkpoint and the options) a checkpoint of another recipe
+    or written with other :meth:`Task.checkpoint_settings`; one written before checkpoints held
+    their settings resumes unchecked, with a note."""
+    saved_task = state.get("task")
+    if saved_task is not None and saved_task != task_name:
+        raise SystemExit(f"{checkpoint} was written by the {saved_task} recipe; this is {task_name}: give another "
+                         "--checkpoint")
+    saved = state.get("settings")
+    if saved is None:
+        if log_note:
+            log(f"{task_name}: {checkpoint} holds no record of its options (written by an older zfeed): resuming "
+                "without checking that they match this run's")
+        return
+    differ = [f"{name} {_setting_text(saved[name])} (this run: {_setting_text(value)})"
+              for name, value in settings.items() if name in saved and saved[name] != value]
+    if differ:
+        raise SystemExit(f"{checkpoint} was written with {'; '.join(differ)}: resume with the options it was "
+                         "written with, or give another --checkpoint to start afresh")
+
+
+def _load_part(checkpoint: str, what: str, load: Callable[[], Any]) -> None:
+    """``load()``, a checkpoint part that does not fit this run (another model or optimizer, an
+    old checkpoint without settings) refused naming the checkpoint."""
+    try:
+        load()
+    except (KeyError, ValueError, RuntimeError) as error:
+        raise SystemExit(f"{checkpoint}: its {what} state does not fit this run ({type(error).__name__}: "
+                         f"{str(error)[:300]}); resume with the options it was written with") from error
+
+
+def _check_batches(task: Task, loader: Any, dist: Dist, source: str) -> None:
+    """A training split too short for one batch (batches drop the remainder) would run no step
+    and then validate an untrained model: refused."""
+    if len(loader) > 0:
+        return
+    samples = getattr(loader, "num_samples", None)
+    if samples is None and hasattr(loader, "dataset"):
+        samples = len(loader.dataset)
+    batch = getattr(loader, "batch_size", None) or getattr(loader, "input_shape", (None,))[0]
+    per_process = f", {samples // dist.world_size} per process over {dist.world_size}" if dist.distributed else ""
+    raise SystemExit(f"{task.name}: the training split holds {samples} samples{per_process}, fewer than one batch "
+                     f"of {batch} (--batch-size; incomplete batches are dropped), so no training step would run "
+                     f"({source} source): lower --batch-size or --val-fraction, or use a longer store")
+
+
 def train(task: Task, dist: Dist, *, source: str = "zfeed", mode: str = "real", epochs: int = 1,
           steps: int = 0, warmup: int = 2, log_every: int = 10, checkpoint: str | None = None,
           checkpoint_every: int = 0, resume: bool = False, times_log: str | None = None,
@@ -377,17 +526,21 @@ def train(task: Task, dist: Dist, *, source: str = "zfeed", mode: str = "real", 
 
     result = RunResult(source=source, mode=mode)
     step, epoch = 0, 0
+    if resume and checkpoint and (source, mode) != ("zfeed", "real"):
+        raise SystemExit(f"{task.name}: --resume applies to the zfeed real-mode run only (the {source}/{mode} run "
+                         "has no state to restore from a checkpoint)")
     loader = task.make_source(source, dist, epoch=0)
-    if resume and checkpoint and os.path.exists(checkpoint):
-        if source != "zfeed":
-            raise SystemExit("--resume needs --source zfeed (the baseline DataLoader has no state to restore)")
+    _check_batches(task, loader, dist, source)
+    settings = {**task.checkpoint_settings(), "--amp": AMP_NAMES[amp_dtype]}
+    if resume and checkpoint and resume_decision(checkpoint, dist):
         state = load_checkpoint(checkpoint)
         if state.get("world_size", 1) != dist.world_size:
             raise SystemExit(f"{checkpoint} was written by {state.get('world_size')} processes, this run has "
                              f"{dist.world_size}")
-        unwrap(model).load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        scaler.load_state_dict(state["scaler"])
+        check_checkpoint_settings(checkpoint, state, task.name, settings, log_note=dist.main)
+        _load_part(checkpoint, "model", lambda: unwrap(model).load_state_dict(state["model"]))
+        _load_part(checkpoint, "optimizer", lambda: optimizer.load_state_dict(state["optimizer"]))
+        _load_part(checkpoint, "grad scaler (--amp fp16)", lambda: scaler.load_state_dict(state["scaler"]))
         step, epoch = int(state["step"]), int(state["epoch"])
         try:
             loader.load_state_dict(state["loader"][dist.rank])
@@ -410,7 +563,7 @@ def train(task: Task, dist: Dist, *, source: str = "zfeed", mode: str = "real", 
                 "model": unwrap(model).state_dict(), "optimizer": optimizer.state_dict(),
                 "scaler": scaler.state_dict(), "step": step, "epoch": epoch, "loader": loader_states,
                 "rng": rng_states, "world_size": dist.world_size, "losses": result.losses,
-                "task": task.name,
+                "task": task.name, "settings": settings,
             })
         dist.barrier()
 
@@ -540,6 +693,26 @@ def run_record(args, dist, task, runs: Sequence[dict], validation) -> dict:
             "config": vars(args), "runs": runs, "headline": headline(runs), "validation": validation}
 
 
+def check_loop_arguments(args, recipe: str, sources: Sequence[str], modes: Sequence[str]) -> None:
+    """The training-loop options that cannot work together, refused before anything runs:
+    checkpoints belong to the zfeed real-mode run (the baseline DataLoader has no state to
+    restore, and the load-only and synthetic runs measure throughput from fresh weights)."""
+    for name in ("epochs", "steps", "warmup", "checkpoint_every", "log_every"):
+        if getattr(args, name) < 0:
+            raise SystemExit(f"{recipe}: --{name.replace('_', '-')} must be 0 or more, got {getattr(args, name)}")
+    if args.batch_size < 1:
+        raise SystemExit(f"{recipe}: --batch-size must be at least 1, got {args.batch_size}")
+    if args.resume and not args.checkpoint:
+        raise SystemExit(f"{recipe}: --resume needs --checkpoint FILE (the checkpoint to continue from)")
+    if args.checkpoint_every and not args.checkpoint:
+        raise SystemExit(f"{recipe}: --checkpoint-every needs --checkpoint FILE")
+    if args.checkpoint and not ("zfeed" in sources and "real" in modes):
+        what = "--checkpoint and --resume apply" if args.resume else "--checkpoint applies"
+        raise SystemExit(f"{recipe}: {what} to the zfeed real-mode run only (--source zfeed --mode real), and "
+                         f"this invocation has none (--source {args.source} --mode {args.mode}); the baseline "
+                         "DataLoader has no state to checkpoint")
+
+
 def run_recipe(args, recipe: str, make_task: Callable[[Any, Dist], Task], sources: Sequence[str], *,
                describe: Callable[[Task], dict], plot_title: Callable[[Task], str],
                validation_table: Callable[[dict], str], before_run: Callable[[Task], None] | None = None,
@@ -548,23 +721,35 @@ def run_recipe(args, recipe: str, make_task: Callable[[Any, Dist], Task], source
     and mode (--source, --mode), then on the main rank prints the throughput and validation tables
     and writes the JSON record (the recipe's `describe(task)` first) and the plot."""
     modes = parse_list(args.mode, MODES, "--mode")
+    check_loop_arguments(args, recipe, sources, modes)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     dist = setup_distributed(args.device)
     try:
         set_deterministic(dist.device)
         task = make_task(args, dist)
+        others = [f"{source}/{mode}" for source in sources for mode in modes if (source, mode) != ("zfeed", "real")]
+        if args.checkpoint and others and dist.main:
+            log(f"{recipe}: --checkpoint{' and --resume' if args.resume else ''} apply to the zfeed/real run only: "
+                f"the {', '.join(others)} run{'s' if len(others) > 1 else ''} neither load nor write {args.checkpoint}")
         runs = []
         for source in sources:
             for mode in modes:
                 if before_run:
                     before_run(task)
+                # Only the zfeed real-mode run resumes from and writes the checkpoint: the other
+                # runs measure throughput from the same initial weights.
+                keeps_checkpoint = (source, mode) == ("zfeed", "real")
                 result = train(
                     task, dist, source=source, mode=mode, epochs=args.epochs, steps=args.steps, warmup=args.warmup,
-                    log_every=args.log_every, checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every,
-                    resume=args.resume, times_log=args.times_log, count_model_flops=not args.no_flops,
+                    log_every=args.log_every, checkpoint=args.checkpoint if keeps_checkpoint else None,
+                    checkpoint_every=args.checkpoint_every, resume=args.resume and keeps_checkpoint,
+                    times_log=args.times_log, count_model_flops=not args.no_flops,
                     validate=not args.no_val, seed=args.seed, amp_dtype=AMP_DTYPES[args.amp])
                 summary = result.summary(args.warmup)
+                if dist.main and 0 < result.steps <= args.warmup:
+                    log(f"{recipe}: --warmup {args.warmup} is not below the {result.steps} steps of the "
+                        f"{source}/{mode} run: its timing statistics hold its last step only")
                 if after_run:
                     after_run(task, summary)
                 runs.append(summary)
@@ -685,10 +870,13 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--amp", choices=("none", "bf16", "fp16"), default="none",
                    help="mixed precision (fp16 with loss scaling); default none")
     g.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
-    g.add_argument("--checkpoint", help="checkpoint file (written atomically at the end and every "
-                                        "--checkpoint-every steps)")
+    g.add_argument("--checkpoint", help="checkpoint file of the zfeed real-mode run (written atomically at the end "
+                                        "and every --checkpoint-every steps; other sources and modes neither "
+                                        "load nor write it)")
     g.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: only at the end)")
-    g.add_argument("--resume", action="store_true", help="continue from --checkpoint where it exists")
+    g.add_argument("--resume", action="store_true",
+                   help="continue from --checkpoint where it exists (rank 0's file decides; it must have been "
+                        "written with the same model, loss and optimizer options)")
     g.add_argument("--log-every", type=int, default=10, help="steps between progress lines (0: none)")
     g.add_argument("--times-log", help="append each rank's sample times per step to PREFIX.rankN")
     d = parser.add_argument_group("data placement")
@@ -727,3 +915,17 @@ def parse_list(text: str, allowed: Sequence[str], what: str) -> list[str]:
 
 
 AMP_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+AMP_NAMES = {dtype: name for name, dtype in AMP_DTYPES.items()}
+
+
+def parse_int_list(text: str, what: str, minimum: int = 1) -> list[int]:
+    """Comma-separated integers, each at least ``minimum``; SystemExit naming ``what`` for an
+    empty item, a non-integer or a value below the minimum."""
+    items = [x.strip() for x in str(text).split(",")]
+    try:
+        values = [int(x) for x in items]
+    except ValueError:
+        values = None
+    if not values or any(v < minimum for v in values):
+        raise SystemExit(f"{what} must be comma-separated integers of at least {minimum}, got {text!r}")
+    return values

@@ -9,7 +9,9 @@ Train/validation split by time: the last ``--val-fraction`` of the time axis is 
 training Loader reads only the times before the split (``time_range=(None, split)``: every sample's
 inputs and targets, ``t - history + 1 .. t + lead``, lie before it), so its batches are full and no
 held-out time is read for training. Validation reads the held-out times straight
-from the arrays (``zfeed.open``), normalizes them the same way, and reports per variable, in
+from the arrays (``zfeed.open``), decodes them as the Loader does (CF ``scale_factor``,
+``add_offset``, missing values: :func:`zfeed.recipes.common.read_decoded`), normalizes them the
+same way, and reports per variable, in
 physical units, the RMSE of the model and of persistence (x_t predicting x_{t+lead}) and their
 ratio (below 1: the model beats persistence).
 
@@ -124,17 +126,19 @@ def _zfeed_command() -> str | None:
     return shutil.which("zfeed")
 
 
-def resolve_statistics(store: str, group, names: Sequence[str], split: int, stats: str) -> tuple[dict, str]:
+def resolve_statistics(store: str, group, names: Sequence[str], split: int, stats: str,
+                       recipe: str = "forecast") -> tuple[dict, str]:
     """``{name: (mean, std)}`` and where they came from. ``stats``: "store" (each array's
     ``zfeed_stats``, else computed over the training times), "train" (always computed over the
-    training times 0:split with ``zfeed stats --no-write``, leaving the store as it is)."""
+    training times 0:split with ``zfeed stats --no-write``, leaving the store as it is).
+    ``recipe`` prefixes the error messages."""
     found: dict = {}
     missing = []
     for name in names:
         attrs = group[name].attrs.get("zfeed_stats") if stats == "store" else None
         if isinstance(attrs, dict) and "mean" in attrs and "std" in attrs:
             if isinstance(attrs["mean"], list):
-                raise SystemExit(f"forecast: {name} has per-level statistics; give 2-D (time, lat, lon) variables")
+                raise SystemExit(f"{recipe}: {name} has per-level statistics; give 2-D (time, lat, lon) variables")
             found[name] = (float(attrs["mean"]), float(attrs["std"]))
         else:
             missing.append(name)
@@ -144,12 +148,12 @@ def resolve_statistics(store: str, group, names: Sequence[str], split: int, stat
         hint = (f"run `zfeed stats {store} --time 0:{split}` (the training times) to write them, "
                 f"or install the zfeed command beside this Python")
         if command is None:
-            raise SystemExit(f"forecast: no statistics for {', '.join(missing)} and no zfeed command to compute "
+            raise SystemExit(f"{recipe}: no statistics for {', '.join(missing)} and no zfeed command to compute "
                              f"them; {hint}")
         run = subprocess.run([command, "stats", store, "--variables", ",".join(missing), "--time", f"0:{split}",
                               "--json", "--no-write"], capture_output=True, text=True)
         if run.returncode != 0:
-            raise SystemExit(f"forecast: computing statistics failed ({run.stderr.strip()}); {hint}")
+            raise SystemExit(f"{recipe}: computing statistics failed ({run.stderr.strip()}); {hint}")
         computed = json.loads(run.stdout)
         for name in missing:
             found[name] = (float(computed[name]["mean"]), float(computed[name]["std"]))
@@ -157,7 +161,7 @@ def resolve_statistics(store: str, group, names: Sequence[str], split: int, stat
                   else f"zfeed_stats attributes; {', '.join(missing)} computed over the training times 0:{split}")
     for name, (_, std) in found.items():
         if not std > 0:
-            raise SystemExit(f"forecast: {name} has standard deviation {std}: cannot normalize")
+            raise SystemExit(f"{recipe}: {name} has standard deviation {std}: cannot normalize")
     return found, source
 
 
@@ -225,9 +229,20 @@ class ForecastTask(Task):
         self.inputs = [v.strip() for v in args.inputs.split(",") if v.strip()]
         self.targets = [v.strip() for v in args.targets.split(",") if v.strip()] if args.targets else list(self.inputs)
         self.lead = int(args.lead)
+        if self.lead < 1:
+            raise SystemExit(f"forecast: --lead must be at least 1 (the target is the time step t + lead), "
+                             f"got {self.lead}")
         self.history = int(getattr(args, "history", 1))
         if self.history < 1:
             raise SystemExit(f"forecast: --history must be at least 1, got {self.history}")
+        if not 1 <= args.encoder_depth <= 5:
+            raise SystemExit(f"forecast: --encoder-depth must be 1 to 5, got {args.encoder_depth}")
+        # The decoder's scSE attention squeezes each stage's channels by 16: fewer than 16 leave it none.
+        self.decoder_channels = (common.parse_int_list(args.decoder_channels, "forecast: --decoder-channels",
+                                                       minimum=16) if args.decoder_channels else None)
+        if self.decoder_channels is not None and len(self.decoder_channels) != args.encoder_depth:
+            raise SystemExit(f"forecast: --decoder-channels needs {args.encoder_depth} numbers (one per "
+                             f"--encoder-depth stage), got {args.decoder_channels!r}")
         self.group = zfeed.open(self.store)
         shapes = {}
         for name in dict.fromkeys(self.inputs + self.targets):
@@ -256,6 +271,9 @@ class ForecastTask(Task):
         self.val_times = list(range(self.split, self.times - self.lead)) if n_val else []
         self.stats, self.stats_source = resolve_statistics(self.store, self.group, list(dict.fromkeys(self.inputs + self.targets)),
                                                            self.split, args.stats)
+        # Validation reads the arrays directly: decoded (CF packing, missing values) as the Loader does.
+        self.encodings = {name: common.cf_encoding(self.group[name], f"forecast: {name}")
+                          for name in dict.fromkeys(self.inputs + self.targets)}
         self.periodic_lon = _is_global_longitude(self.group, self.width)
         self.loss_fn = LOSSES[args.loss]
         self.residual_index = None
@@ -276,11 +294,18 @@ class ForecastTask(Task):
     # -- model
     def build_model(self) -> nn.Module:
         a = self.args
-        decoder = [int(c) for c in a.decoder_channels.split(",")] if a.decoder_channels else None
-        if decoder is not None and len(decoder) != a.encoder_depth:
-            raise SystemExit(f"forecast: --decoder-channels needs {a.encoder_depth} numbers (--encoder-depth)")
         return PaddedUnet(self.in_channels, len(self.targets), encoder=a.encoder, encoder_depth=a.encoder_depth,
-                          decoder_channels=decoder, periodic_lon=self.periodic_lon, residual_index=self.residual_index)
+                          decoder_channels=self.decoder_channels, periodic_lon=self.periodic_lon,
+                          residual_index=self.residual_index)
+
+    def checkpoint_settings(self) -> dict:
+        a = self.args
+        decoder = ",".join(map(str, self.decoder_channels)) if self.decoder_channels else "default"
+        return {"--inputs": ",".join(self.inputs), "--targets": ",".join(self.targets), "--lead": self.lead,
+                "--history": self.history, "--time-features": self.time_seconds is not None,
+                "--residual": bool(a.residual), "--loss": a.loss, "--encoder": a.encoder,
+                "--encoder-depth": a.encoder_depth, "--decoder-channels": decoder, "--lr": a.lr,
+                "--weight-decay": a.weight_decay}
 
     def build_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
         return torch.optim.AdamW(model.parameters(), lr=self.args.lr, weight_decay=self.args.weight_decay)
@@ -337,8 +362,9 @@ class ForecastTask(Task):
 
     # -- validation
     def _read(self, name: str, start: int, stop: int) -> np.ndarray:
+        """Times start..stop-1 of ``name`` as the Loader delivers them: decoded, normalized."""
         mean, std = self.stats[name]
-        values = np.asarray(self.group[name][start:stop], dtype=np.float32)
+        values = common.read_decoded(self.group[name], start, stop, self.encodings[name])
         return (values - np.float32(mean)) / np.float32(std)
 
     def validate(self, model: nn.Module, dist: Dist) -> dict | None:

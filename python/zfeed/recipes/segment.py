@@ -21,9 +21,11 @@ resume exactly; the last step's gradients are left unapplied at the end of a run
 
 Train/validation split by time, as the forecast recipe: the last ``--val-fraction`` of the times is
 held out; the training Loader reads only the times before the split (``time_range=(None, split)``).
-Validation reads the held-out times from the arrays, shards them by rank, accumulates a
-confusion matrix, all-reduces it and reports the IoU per class and the mean IoU, next to those of a
-predictor of background everywhere (IoU 0 for cyclones and rivers).
+Validation reads the held-out times from the arrays (decoded as the Loader decodes them: CF
+packing, a missing label ignored), shards them by rank, accumulates a confusion matrix, all-reduces
+it and reports the IoU per class and the mean IoU, next to those of a predictor of background
+everywhere (IoU 0 for cyclones and rivers); for both, a class in neither the labels nor the
+predictions has no IoU and is left out of the mean. Every label must be a class of ``--classes``.
 
 Distributed setup, checkpoints and resume, the throughput modes (``--mode real,load-only,synthetic``)
 and the JSON and chart are :mod:`zfeed.recipes.common`'s. ``--source baseline`` (the hackathon's
@@ -59,6 +61,19 @@ def class_names(classes: int) -> list[str]:
 
 def _none_if_nan(value: float) -> float | None:
     return None if value is None or not math.isfinite(float(value)) else float(value)
+
+
+def check_model_arguments(args: argparse.Namespace) -> list[int] | None:
+    """The model options refused before anything is read; returns --tiramisu-layers as integers
+    (None for DeepLabv3+)."""
+    for name in ("growth_rate", "bottleneck_layers", "first_channels", "decoder_channels"):
+        if getattr(args, name) < 1:
+            raise SystemExit(f"segment: --{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if not 0 <= args.dropout < 1:
+        raise SystemExit(f"segment: --dropout must be in [0, 1), got {args.dropout}")
+    if args.model != "tiramisu":
+        return None
+    return common.parse_int_list(args.tiramisu_layers, "segment: --tiramisu-layers", minimum=1)
 
 
 # -------------------------------------------------------------------------------------------
@@ -109,7 +124,10 @@ class SegmentTask(Task):
         self.inputs = [v.strip() for v in args.inputs.split(",") if v.strip()]
         self.labels = args.labels
         self.classes = int(args.classes)
+        if self.classes < 2:
+            raise SystemExit(f"segment: --classes must be at least 2 (background and one more), got {self.classes}")
         self.class_names = class_names(self.classes)
+        self.tiramisu_layers = check_model_arguments(args)
         self.group = zfeed.open(self.store)
         shapes = {}
         for name in dict.fromkeys(self.inputs + [self.labels]):
@@ -132,15 +150,13 @@ class SegmentTask(Task):
         if self.split < 1:
             raise SystemExit(f"segment: {self.times} times leave no training sample with --val-fraction {frac}")
         self.val_times = list(range(self.split, self.times))
-        self.stats, self.stats_source = resolve_statistics(self.store, self.group, self.inputs, self.split, args.stats)
-        counts = torch.zeros(self.classes, dtype=torch.int64)
-        labels = self.group[self.labels]
-        step = max(1, int(2 ** 24 // max(self.height * self.width, 1)))  # ~16 M labels per read
-        for start in range(0, self.split, step):
-            counts += label_counts(torch.from_numpy(np.asarray(labels[start:min(start + step, self.split)])),
-                                   self.classes)
-        self.label_counts = counts
-        self.frequencies = class_frequencies(counts)
+        self.stats, self.stats_source = resolve_statistics(self.store, self.group, self.inputs, self.split, args.stats,
+                                                           recipe="segment")
+        # Validation reads the arrays directly: decoded (CF packing, missing values) as the Loader does.
+        self.encodings = {name: common.cf_encoding(self.group[name], f"segment: {name}")
+                          for name in dict.fromkeys(self.inputs + [self.labels])}
+        self.label_counts = self._count_labels()
+        self.frequencies = class_frequencies(self.label_counts)
         normalize = None if args.weights_normalize == "none" else args.weights_normalize
         self.weights = class_weights(self.frequencies, exponent=args.weights_exponent, normalize=normalize)
         self._device_weights: torch.Tensor | None = None
@@ -158,17 +174,56 @@ class SegmentTask(Task):
                 f"{self.split}; statistics: {self.stats_source}; class frequencies ({freq}), weights ({weights}) "
                 f"with exponent {args.weights_exponent}")
 
+    def _count_labels(self) -> torch.Tensor:
+        """Pixels per class over the training times (for the class weights), after checking that
+        every label, held-out times included, is a class of --classes (or missing: ignored)."""
+        counts = torch.zeros(self.classes, dtype=torch.int64)
+        labels = self.group[self.labels]
+        encoding = self.encodings[self.labels]
+        step = max(1, int(2 ** 24 // max(self.height * self.width, 1)))  # ~16 M labels per read
+        for start in range(0, self.times, step):
+            stop = min(start + step, self.times)
+            block = common.read_labels(labels, start, stop, encoding)
+            valid = block[block != common.IGNORE_LABEL]
+            if valid.size and (valid.max() >= self.classes or valid.min() < 0):
+                bad = int(valid.max()) if valid.max() >= self.classes else int(valid.min())
+                hint = (f"give --classes {bad + 1}" if bad >= self.classes else
+                        "declare it missing with a _FillValue or missing_value attribute")
+                raise SystemExit(f"segment: {self.labels} holds the label {bad} (times {start}..{stop - 1}), not a "
+                                 f"class of --classes {self.classes} (0..{self.classes - 1}): {hint}")
+            if start < self.split:
+                training = block[:self.split - start]
+                counts += label_counts(torch.from_numpy(training), self.classes)
+        return counts
+
     # -- model
     def build_model(self) -> nn.Module:
         a = self.args
         if a.model == "tiramisu":
-            layers = [int(n) for n in a.tiramisu_layers.split(",") if n.strip()]
-            options = {"growth_rate": a.growth_rate, "layers": layers, "bottleneck_layers": a.bottleneck_layers,
-                       "first_channels": a.first_channels, "dropout": a.dropout}
+            options = {"growth_rate": a.growth_rate, "layers": self.tiramisu_layers,
+                       "bottleneck_layers": a.bottleneck_layers, "first_channels": a.first_channels,
+                       "dropout": a.dropout}
         else:
             options = {"encoder": a.encoder, "decoder_channels": a.decoder_channels}
         return build_model(a.model, in_channels=len(self.inputs), classes=self.classes,
                            channels_last=a.channels_last, **options)
+
+    def checkpoint_settings(self) -> dict:
+        a = self.args
+        settings = {"--inputs": ",".join(self.inputs), "--labels": self.labels, "--classes": self.classes,
+                    "--model": a.model, "--weights-exponent": a.weights_exponent,
+                    "--weights-normalize": a.weights_normalize, "--larc": bool(a.larc),
+                    "--gradient-lag": bool(a.gradient_lag), "--lr": a.lr, "--weight-decay": a.weight_decay}
+        if a.model == "tiramisu":
+            settings.update({"--growth-rate": a.growth_rate,
+                             "--tiramisu-layers": ",".join(map(str, self.tiramisu_layers)),
+                             "--bottleneck-layers": a.bottleneck_layers, "--first-channels": a.first_channels,
+                             "--dropout": a.dropout})
+        else:
+            settings.update({"--encoder": a.encoder, "--decoder-channels": a.decoder_channels})
+        if a.larc:
+            settings.update({"--larc-eta": a.larc_eta, "--larc-mode": a.larc_mode})
+        return settings
 
     def build_optimizer(self, model: nn.Module):
         a = self.args
@@ -243,9 +298,12 @@ class SegmentTask(Task):
                 ts = mine[i:i + bs]
                 start, stop = ts[0], ts[-1] + 1
                 idx = np.asarray(ts) - start
-                x = np.stack([np.asarray(self.group[n][start:stop], dtype=np.float32)[idx] for n in self.inputs], axis=1)
+                # decoded as the Loader decodes (CF packing; a missing label is -100, ignored)
+                x = np.stack([common.read_decoded(self.group[n], start, stop, self.encodings[n])[idx]
+                              for n in self.inputs], axis=1)
                 x = torch.from_numpy((x - means) / stds)
-                y = torch.from_numpy(np.asarray(self.group[self.labels][start:stop])[idx].astype(np.int64)).to(device)
+                labels = common.read_labels(self.group[self.labels], start, stop, self.encodings[self.labels])
+                y = torch.from_numpy(labels[idx]).to(device)
                 logits = inner(self._to(x, device)).float()
                 cm.update(logits, y)
                 background.update(torch.zeros_like(y), y)
@@ -257,13 +315,15 @@ class SegmentTask(Task):
             dist.all_reduce_sum(sums)
         n = float(sums[1])
         iou = cm.iou()
-        bg_iou = background.iou(absent=0.0)
+        # One rule for both predictors: a class in neither the labels nor the predictions has no
+        # IoU (None) and is left out of the mean.
+        bg_iou = background.iou()
         out = {
             "samples": int(n), "times": [self.split, self.times], "loss": float(sums[0]) / max(n, 1),
             "iou": {name: _none_if_nan(v) for name, v in zip(self.class_names, iou.tolist())},
             "mean_iou": _none_if_nan(cm.mean_iou()), "accuracy": cm.accuracy(),
-            "background_only_iou": {name: float(v) for name, v in zip(self.class_names, bg_iou.tolist())},
-            "background_only_mean_iou": float(bg_iou.mean()),
+            "background_only_iou": {name: _none_if_nan(v) for name, v in zip(self.class_names, bg_iou.tolist())},
+            "background_only_mean_iou": _none_if_nan(background.mean_iou()),
             "confusion_matrix": cm.matrix.cpu().tolist(),
         }
         for name in self.class_names:
@@ -275,12 +335,15 @@ def validation_table(validation: dict) -> str:
     lines = [f"validation on {validation['samples']} held-out samples (times {validation['times'][0]}.."
              f"{validation['times'][1] - 1}), IoU from the confusion matrix:",
              f"  {'class':<12} {'model':>8} {'background only':>16}"]
+
+    def cell(value: float | None) -> str:
+        return f"{value:.4f}" if value is not None else "-"
+
     for name, v in validation["iou"].items():
-        model = f"{v:.4f}" if v is not None else "-"
-        lines.append(f"  {name:<12} {model:>8} {validation['background_only_iou'][name]:>16.4f}")
-    mean = validation["mean_iou"]
-    lines.append(f"  {'mean':<12} {(f'{mean:.4f}' if mean is not None else '-'):>8} "
-                 f"{validation['background_only_mean_iou']:>16.4f}")
+        lines.append(f"  {name:<12} {cell(v):>8} {cell(validation['background_only_iou'][name]):>16}")
+    lines.append(f"  {'mean':<12} {cell(validation['mean_iou']):>8} {cell(validation['background_only_mean_iou']):>16}")
+    if None in (*validation["iou"].values(), *validation["background_only_iou"].values()):
+        lines.append("  (-: a class in neither the labels nor the predictions, left out of the mean)")
     lines.append(f"  pixel accuracy {validation['accuracy']:.4f}, weighted loss {validation['loss']:.4f}")
     return "\n".join(lines)
 
