@@ -1216,7 +1216,8 @@ ConvertResult convert(const ConvertOptions& options) {
     // units count); otherwise that output starts over with this run's plan.
     for (Output& output : outputs) {
       std::optional<UnitPlan> recorded;
-      if (auto plan = ProgressRecord::recorded_plan(*previous, output.name)) {
+      if (auto plan = ProgressRecord::recorded_plan(*previous, output.name);
+          plan && plan->size() == 3) {
         recorded = UnitPlan{plan->at(0).get<uint64_t>(), plan->at(1).get<size_t>(),
                             plan->at(2).get<uint64_t>()};
       }

@@ -186,6 +186,22 @@ TEST(Convert, ResumesAfterAnInterruptionAndEndsIdentical) {
   expect_t_values(read_float(dir / "resumed.zarr", "t"));
 }
 
+TEST(Convert, AMalformedProgressRecordIsAClearError) {
+  ZFEED_REQUIRE_NETCDF();
+  TempDir dir;
+  zfeed::testing::write_test_netcdf(dir / "in.nc", 2);
+  ConvertOptions options;
+  options.inputs = {dir / "in.nc"};
+  options.output = dir / "out.zarr";
+  std::filesystem::create_directories(dir / "out.zarr");
+  for (const char* text : {R"({"arguments": {}, "done": {"t": [[3, 1]]}})",
+                           R"({"arguments": {}, "plans": {"t": ["rows"]}})", R"([1, 2])"}) {
+    std::ofstream(dir / ("out.zarr/" + std::string(kProgressKey))) << text;
+    EXPECT_CONTAINS(error_of([&] { convert(options); }),
+                    std::string(kProgressKey) + ": not a progress record as zfeed writes it");
+  }
+}
+
 TEST(Convert, JoinsInputsAlongTime) {
   ZFEED_REQUIRE_NETCDF();
   TempDir dir;

@@ -1,15 +1,57 @@
 #include "zfeed/ingest/progress_record.h"
 
+#include <algorithm>
 #include <iterator>
 #include <string_view>
 
+#include "zfeed/util/error.h"
+
 namespace zfeed::ingest {
+
+namespace {
+
+bool unsigned_numbers(const Json& list) {
+  return list.is_array() && std::all_of(list.begin(), list.end(),
+                                        [](const Json& n) { return n.is_number_unsigned(); });
+}
+
+// The form save() writes: {"arguments": {...}, "plans": {name: [n, ...]}, "done": {name: [[first,
+// stop], ...]}}.
+bool well_formed(const Json& document) {
+  if (!document.is_object() || !document.value("arguments", Json()).is_object()) return false;
+  const Json plans = document.value("plans", Json::object());
+  const Json done = document.value("done", Json::object());
+  if (!plans.is_object() || !done.is_object()) return false;
+  for (const auto& [name, plan] : plans.items()) {
+    if (!unsigned_numbers(plan)) return false;
+  }
+  for (const auto& [name, ranges] : done.items()) {
+    if (!ranges.is_array()) return false;
+    for (const Json& range : ranges) {
+      if (!unsigned_numbers(range) || range.size() != 2 ||
+          range[0].get<uint64_t>() > range[1].get<uint64_t>()) {
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+}  // namespace
 
 std::optional<Json> ProgressRecord::read(Store& store, const std::string& key) {
   auto bytes = store.get(key);
   if (!bytes) return std::nullopt;
-  return parse_json(std::string_view(reinterpret_cast<const char*>(bytes->data()), bytes->size()),
-                    store.url() + "/" + key);
+  const std::string where = store.url() + "/" + key;
+  Json document = parse_json(
+      std::string_view(reinterpret_cast<const char*>(bytes->data()), bytes->size()), where);
+  if (!well_formed(document)) {
+    throw Error(where +
+                ": not a progress record as zfeed writes it (arguments, plans and done ranges); "
+                "remove it to start the output over, or pass --overwrite");
+  }
+  if (!document.contains("done")) document["done"] = Json::object();
+  return document;
 }
 
 void ProgressRecord::load(const Json& document, const std::string& name, const Json& plan) {
