@@ -132,3 +132,47 @@ def test_help_and_unknown_verb():
     assert "info" in run("--help").stdout
     result = run("frobnicate", ok=False)
     assert result.returncode != 0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--grid", "-8x16"], 'bad --grid "-8x16"'),
+    (["--grid", "8ax16"], 'bad --grid "8ax16"'),
+    (["--lat", "-3"], "--lat: expected a whole number of 0 or more, got -3"),
+    (["--times", "-1"], "--times: expected a whole number of 0 or more, got -1"),
+    (["--seed", "-1"], "--seed: expected a whole number of 0 or more, got -1"),
+    (["--shards", "time=-1"], 'bad --shards "time=-1"'),
+    (["--grid", "100000x100000"], "past the 2^30 points a plane may hold"),
+    (["--variables", "t2m,t2m"], '--variables names "t2m" twice'),
+])
+def test_synth_refuses_bad_counts_before_writing(tmp_path, args, message):
+    out = tmp_path / "s.zarr"
+    result = run("synth", "era5", out, "-q", "--times", "2", *args, ok=False)
+    assert result.returncode != 0
+    assert message in result.stderr
+    assert not out.exists()
+
+
+def test_convert_stats_and_stage_refuse_what_would_go_wrong(tmp_path):
+    source = tmp_path / "x.zarr"
+    run("synth", "era5", source, "-q", "--grid", "4x8", "--times", "4", "--variables", "t2m")
+    # --isel takes one value per occurrence: the paths after it stay the paths.
+    run("convert", "--isel", "time=0,1", source, tmp_path / "c.zarr", "-q")
+    assert zfeed.open(str(tmp_path / "c.zarr"))["t2m"].shape[0] == 2
+    # A time range of no step writes no statistics.
+    result = run("stats", source, "--variables", "t2m", "--time", "3:3", ok=False)
+    assert result.returncode != 0 and "selects none" in result.stderr
+    assert "zfeed_stats" not in zfeed.open(str(source))["t2m"].attrs
+    # A copy into its own source is refused before anything is made there.
+    for destination in (source, source / "t2m"):
+        result = run("stage", source, destination, ok=False)
+        assert result.returncode != 0 and "lies inside the source" in result.stderr
+    assert not list(source.rglob(".zfeed-stage.lock"))
+    # A trailing slash names the same input to a resumed rechunk.
+    import os
+    env_stop = dict(os.environ, ZFEED_CONVERT_STOP_AFTER="1")
+    subprocess.run([zfeed_cli.zfeed_command(), "rechunk", str(source), str(tmp_path / "r.zarr"), "--chunks",
+                    "time=2", "-q"], env=env_stop, capture_output=True, text=True, timeout=120)
+    run("rechunk", f"{source}/", tmp_path / "r.zarr", "--chunks", "time=2", "-q")
+    # Stray files beside the chunks are no chunks.
+    (source / "t2m" / ".DS_Store").write_text("x")
+    assert "(4 of 4 chunks stored)" in run("info", source / "t2m").stdout

@@ -1126,9 +1126,14 @@ ConvertResult convert(const ConvertOptions& options) {
   Json arguments = Json::object();
   Json inputs = Json::array();
   for (const auto& input : options.inputs) {
-    inputs.push_back(input.find("://") == std::string::npos
-                         ? fs::absolute(input).lexically_normal().string()
-                         : input);
+    if (input.find("://") != std::string::npos) {
+      inputs.push_back(input);
+      continue;
+    }
+    // "./in.zarr/" is "in.zarr": a resumed run names its inputs as it likes.
+    fs::path path = fs::absolute(input).lexically_normal();
+    if (!path.has_filename()) path = path.parent_path();
+    inputs.push_back(path.string());
   }
   arguments["verb"] = verb;
   arguments["inputs"] = inputs;

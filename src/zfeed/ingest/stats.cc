@@ -186,6 +186,12 @@ ArrayStats compute_array_stats(const zarr::Array& array, const std::string& name
   };
   const auto t_start = uint64_t(resolve(options.time_start, 0));
   const auto t_stop = std::max(t_start, uint64_t(resolve(options.time_stop, nt)));
+  if (t_stop == t_start) {
+    // No step, no statistics: null mean and std written as attributes would stop the loader.
+    throw Error(name + ": the time range [" + std::to_string(t_start) + ", " +
+                std::to_string(t_stop) + ") of its " + std::to_string(nt) +
+                " steps selects none (--time START:STOP)");
+  }
   result.time_start = t_start;
   result.time_stop = t_stop;
 

@@ -130,7 +130,7 @@ const std::vector<Cam5Variable>& cam5_variables() {
 
 Cam5Synth::Cam5Synth(uint64_t seed, size_t nlat, size_t nlon)
     : seed_(seed), nlat_(nlat), nlon_(nlon) {
-  if (nlat_ == 0 || nlon_ == 0) throw Error("synth cam5: the grid must not be empty");
+  synth::check_grid(nlat_, nlon_, "synth cam5");
   for (size_t i = 0; i < nlat_; ++i)
     lat_.push_back(nlat_ == 1 ? 0.0 : -90.0 + double(i) * 180.0 / double(nlat_ - 1));
   for (size_t j = 0; j < nlon_; ++j) lon_.push_back(double(j) * 360.0 / double(nlon_));
@@ -517,7 +517,6 @@ void write_cam5_synth(const Cam5SynthOptions& options) {
                     {"stack", options.stack}};
   SynthOutput output(options.output, options.overwrite, "synth cam5", arguments, blocks);
   output.on_block = options.on_block;
-  const std::shared_ptr<Store>& store = output.store();
   const auto& variables = cam5_variables();
   Json names = Json::array();
   for (const auto& v : variables) names.push_back(v.name);
@@ -535,7 +534,7 @@ void write_cam5_synth(const Cam5SynthOptions& options) {
 
   const DataType f32{DataTypeId::kFloat32}, u8{DataTypeId::kUInt8};
   const uint64_t nt = options.times, nlat = options.nlat, nlon = options.nlon;
-  write_synth_coordinates(store, "lat", "lon", synth.latitudes(), synth.longitudes(), hours);
+  write_synth_coordinates(output, "lat", "lon", synth.latitudes(), synth.longitudes(), hours);
 
   auto shard_of = [&](std::vector<uint64_t> chunk) -> std::optional<std::vector<uint64_t>> {
     if (!options.shard_times) return std::nullopt;
@@ -578,8 +577,6 @@ void write_cam5_synth(const Cam5SynthOptions& options) {
                             {"classes", class_names},
                             {"flag_values", Json::array({0, 1, 2})},
                             {"flag_meanings", "background tropical_cyclone atmospheric_river"}}));
-
-  output.arrays_created();
 
   const size_t field = synth.field_size(), channels = Cam5Synth::kChannels;
   SynthProgress progress(options.progress, "synth cam5", "samples", nt,

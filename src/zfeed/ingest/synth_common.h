@@ -6,6 +6,9 @@
 #include <cmath>
 #include <cstdint>
 #include <numbers>
+#include <string>
+
+#include "zfeed/util/error.h"
 
 namespace zfeed::ingest::synth {
 
@@ -27,6 +30,16 @@ inline uint64_t splitmix64(uint64_t x) {
 inline double uniform(uint64_t seed, uint64_t a, uint64_t b, uint64_t c) {
   uint64_t h = splitmix64(seed ^ splitmix64(a ^ splitmix64(b ^ splitmix64(c))));
   return double(h >> 11) * 0x1.0p-53;
+}
+
+// A grid of `nlat` x `nlon` that a synthesizer can hold: neither empty nor a plane past 2^30
+// points (4 GiB of float32; ERA5's 0.25 degrees is 1.04e6). `what`: "synth era5".
+inline void check_grid(size_t nlat, size_t nlon, const std::string& what) {
+  if (nlat == 0 || nlon == 0) throw Error(what + ": the grid must not be empty");
+  if (nlat > (size_t{1} << 30) / nlon) {
+    throw Error(what + ": a grid of " + std::to_string(nlat) + " x " + std::to_string(nlon) +
+                " is past the 2^30 points a plane may hold");
+  }
 }
 
 // Saturation specific humidity (kg/kg) over water at temperature t (K) and pressure p (Pa).

@@ -45,8 +45,14 @@ std::vector<std::string> era5_default_variables() {
 
 Era5Synth::Era5Synth(uint64_t seed, size_t nlat, size_t nlon, std::vector<std::string> variables)
     : seed_(seed), nlat_(nlat), nlon_(nlon), variables_(std::move(variables)) {
-  if (nlat_ == 0 || nlon_ == 0) throw Error("synth era5: the grid must not be empty");
+  synth::check_grid(nlat_, nlon_, "synth era5");
   if (variables_.empty()) throw Error("synth era5: no variables");
+  for (size_t i = 0; i < variables_.size(); ++i) {
+    if (std::find(variables_.begin(), variables_.begin() + i, variables_[i]) !=
+        variables_.begin() + i) {
+      throw Error("synth era5: --variables names \"" + variables_[i] + "\" twice");
+    }
+  }
   for (const auto& name : variables_) {
     const auto& known = era5_variables();
     if (std::none_of(known.begin(), known.end(),
@@ -417,10 +423,10 @@ zarr::Array SynthOutput::create_array(const std::string& name, zarr::ArrayMetada
     } catch (const NotFoundError&) {
     }
   }
-  return zarr::Array::create(store_, name, std::move(metadata));
+  zarr::Array array = zarr::Array::create(store_, name, std::move(metadata));
+  store_->erase("zarr.json");  // the root group Array::create made waits for finish()
+  return array;
 }
-
-void SynthOutput::arrays_created() { store_->erase("zarr.json"); }
 
 void SynthOutput::mark_done(uint64_t block) {
   uint64_t done;
@@ -450,18 +456,16 @@ std::vector<int64_t> synth_hours(uint64_t times, double start_hours, double step
   return hours;
 }
 
-void write_synth_coordinates(const std::shared_ptr<Store>& store, const std::string& lat_name,
+void write_synth_coordinates(SynthOutput& output, const std::string& lat_name,
                              const std::string& lon_name, const std::vector<double>& latitudes,
                              const std::vector<double>& longitudes,
                              const std::vector<int64_t>& hours) {
   const DataType f64{DataTypeId::kFloat64}, i64{DataTypeId::kInt64};
   auto write = [&](const std::string& name, const void* values, uint64_t size, DataType dtype,
                    Json attributes) {
-    auto array = zarr::Array::create(
-        store, name,
-        synth_array_metadata({size}, dtype, {std::min<uint64_t>(size, 1u << 20)}, std::nullopt,
-                             nullptr, {name}, std::move(attributes)),
-        /*overwrite=*/true);  // a resumed run writes them again
+    auto array = output.create_array(
+        name, synth_array_metadata({size}, dtype, {std::min<uint64_t>(size, 1u << 20)},
+                                   std::nullopt, nullptr, {name}, std::move(attributes)));
     array.write(array.full_selection(), values);
   };
   write(lat_name, latitudes.data(), latitudes.size(), f64,
@@ -536,7 +540,6 @@ void write_era5_synth(const SynthOptions& options) {
                     {"shard_times", options.shard_times}};
   SynthOutput output(options.output, options.overwrite, "synth era5", arguments, blocks);
   output.on_block = options.on_block;
-  const std::shared_ptr<Store>& store = output.store();
   const DataType f32{DataTypeId::kFloat32};
   Json root_attributes = {
       {"title", "zfeed synthetic ERA5-like data"},
@@ -545,7 +548,7 @@ void write_era5_synth(const SynthOptions& options) {
        {{"kind", "era5"}, {"seed", options.seed}, {"step_hours", options.step_hours}}}};
 
   const uint64_t nt = options.times, nlat = options.nlat, nlon = options.nlon;
-  write_synth_coordinates(store, "latitude", "longitude", synth.latitudes(), synth.longitudes(),
+  write_synth_coordinates(output, "latitude", "longitude", synth.latitudes(), synth.longitudes(),
                           hours);
 
   // Variables: chunks of one time step over the whole grid, optionally in shards of N steps.
@@ -561,8 +564,6 @@ void write_era5_synth(const SynthOptions& options) {
                                    {"time", "latitude", "longitude"},
                                    {{"units", info->units}, {"long_name", info->long_name}})));
   }
-
-  output.arrays_created();
 
   const size_t field = synth.field_size();
   SynthProgress progress(options.progress, "synth era5", "steps", nt,

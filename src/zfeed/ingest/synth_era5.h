@@ -124,10 +124,8 @@ class SynthOutput {
   SynthOutput(const std::string& output, bool overwrite, const std::string& what, Json arguments,
               uint64_t blocks);
   const std::shared_ptr<Store>& store() const { return store_; }
-  // A new array, or on a resumed run the one it made.
+  // A new array, or on a resumed run the one it made. The root group waits for finish().
   zarr::Array create_array(const std::string& name, zarr::ArrayMetadata metadata);
-  // Call once the arrays exist: Array::create made the root group, which waits for finish().
-  void arrays_created();
   bool is_done(uint64_t block) const { return record_->is_done("blocks", block); }
   void mark_done(uint64_t block);  // thread-safe
   // Called with the blocks written so far after each mark_done() (may throw to stop the run).
@@ -153,7 +151,7 @@ std::vector<int64_t> synth_hours(uint64_t times, double start_hours, double step
 
 // Writes the coordinates of a synthetic store: latitudes and longitudes in degrees under the
 // given names, and time in hours since 2000-01-01.
-void write_synth_coordinates(const std::shared_ptr<Store>& store, const std::string& lat_name,
+void write_synth_coordinates(SynthOutput& output, const std::string& lat_name,
                              const std::string& lon_name, const std::vector<double>& latitudes,
                              const std::vector<double>& longitudes,
                              const std::vector<int64_t>& hours);

@@ -82,11 +82,14 @@ void add_convert_command(CLI::App& app) {
                   "comma-separated variables to convert (with their coordinates)");
   cmd->add_option("--concat-dim", args.concat_dim, "the dimension several inputs are joined along")
       ->capture_default_str();
+  // One value per occurrence (repeatable): a vector option would take the paths after it too.
   cmd->add_option("--sel", args.sel,
                   "keep these coordinate values along a dimension, in this order, e.g. "
-                  "level=500,850 (repeatable)");
+                  "level=500,850 (repeatable)")
+      ->allow_extra_args(false);
   cmd->add_option("--isel", args.isel,
-                  "keep these indices along a dimension, e.g. level=0,3 (repeatable)");
+                  "keep these indices along a dimension, e.g. level=0,3 (repeatable)")
+      ->allow_extra_args(false);
   cmd->add_flag("--stack", args.stack,
                 "write one float32 array data(time, variable, lat, lon) with every data variable "
                 "(one channel per level) as anemoi-datasets does");

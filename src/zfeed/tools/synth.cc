@@ -3,9 +3,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <iostream>
 #include <memory>
 #include <optional>
+#include <string_view>
 #include <tuple>
 #include <utility>
 
@@ -48,34 +50,32 @@ struct SynthArgs {
   bool quiet = false;
 };
 
+// A count written in digits only (std::stoul takes "-8" and wraps it, and "8a" as 8).
+std::optional<size_t> parse_count(std::string_view text) {
+  size_t value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (text.empty() || error != std::errc() || end != text.data() + text.size()) return std::nullopt;
+  return value;
+}
+
 // The grid from --grid NLATxNLON, overridden per dimension by --lat and --lon.
 std::pair<size_t, size_t> parse_grid(const SynthArgs& args, const std::string& fallback) {
-  std::string text = args.grid.empty() ? fallback : args.grid;
-  auto grid = split(text, 'x');
-  size_t nlat = 0, nlon = 0;
-  try {
-    if (grid.size() != 2) throw std::invalid_argument(text);
-    nlat = std::stoul(grid[0]);
-    nlon = std::stoul(grid[1]);
-  } catch (const std::exception&) {
+  const std::string text = args.grid.empty() ? fallback : args.grid;
+  const size_t x = text.find('x');
+  const auto nlat = x == std::string::npos ? std::nullopt : parse_count(text.substr(0, x));
+  const auto nlon = x == std::string::npos ? std::nullopt : parse_count(text.substr(x + 1));
+  if (!nlat || !nlon) {
     throw Error("bad --grid \"" + text + "\" (use NLATxNLON, e.g. " + fallback + ")");
   }
-  return {args.nlat.value_or(nlat), args.nlon.value_or(nlon)};
+  return {args.nlat.value_or(*nlat), args.nlon.value_or(*nlon)};
 }
 
 size_t parse_shards(const std::string& shards) {
   if (shards.empty()) return 0;
-  size_t steps = 0;
-  try {
-    if (!shards.starts_with("time=")) throw std::invalid_argument(shards);
-    size_t used = 0;
-    steps = std::stoul(shards.substr(5), &used);
-    if (used != shards.size() - 5) throw std::invalid_argument(shards);
-  } catch (const std::exception&) {
-    throw Error("bad --shards \"" + shards + "\" (use time=N)");
-  }
-  if (steps == 0) throw Error("--shards time=N needs N >= 1");
-  return steps;
+  const auto steps = shards.starts_with("time=") ? parse_count(shards.substr(5)) : std::nullopt;
+  if (!steps) throw Error("bad --shards \"" + shards + "\" (use time=N)");
+  if (*steps == 0) throw Error("--shards time=N needs N >= 1");
+  return *steps;
 }
 
 // "1h", "3h", "6h" -> hours, for the steps the kind allows.
@@ -146,12 +146,20 @@ void add_synth_command(CLI::App& app) {
                   "era5: comma-separated variables (default t2m,u500,v500,t500,z500,q500; also "
                   "msl)");
   cmd->add_option("--grid", args->grid, "NLATxNLON (era5 320x640, cam5 768x1152)");
-  cmd->add_option("--lat", args->nlat, "number of latitudes (overrides --grid)");
-  cmd->add_option("--lon", args->nlon, "number of longitudes (overrides --grid)");
-  cmd->add_option("--times", args->times, "number of time steps (samples): era5 24, cam5 8");
+  // Counts: CLI11 reads "-3" into an unsigned option as a huge number; the check refuses it.
+  const CLI::Validator count(
+      [](std::string& text) {
+        return parse_count(text) ? std::string()
+                                 : "expected a whole number of 0 or more, got " + text;
+      },
+      "COUNT");
+  cmd->add_option("--lat", args->nlat, "number of latitudes (overrides --grid)")->check(count);
+  cmd->add_option("--lon", args->nlon, "number of longitudes (overrides --grid)")->check(count);
+  cmd->add_option("--times", args->times, "number of time steps (samples): era5 24, cam5 8")
+      ->check(count);
   cmd->add_option("--step", args->step, "time step: era5 1h or 6h (1h); cam5 1h, 3h or 6h (3h)");
   cmd->add_option("--start", args->start, "first time, YYYY-MM-DD[THH]")->capture_default_str();
-  cmd->add_option("--seed", args->seed, "random seed")->capture_default_str();
+  cmd->add_option("--seed", args->seed, "random seed")->check(count)->capture_default_str();
   cmd->add_option("--codec", args->codec,
                   "zstd[:level], gzip[:level], blosc[:cname[:level]] or none")
       ->capture_default_str();

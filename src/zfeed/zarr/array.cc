@@ -13,11 +13,6 @@
 namespace zfeed::zarr {
 namespace {
 
-bool is_metadata_key(std::string_view name) {
-  return name == "zarr.json" || name == ".zarray" || name == ".zattrs" || name == ".zgroup" ||
-         name == ".zmetadata";
-}
-
 // The part of a selection along one dimension that falls in one chunk.
 struct Piece {
   uint64_t chunk;      // chunk index along the dimension
@@ -680,11 +675,15 @@ StorageInfo Array::storage_info() const {
     info.known = false;
     return info;
   }
+  // Only the keys of the chunk grid count: not metadata, nor stray files (".DS_Store", notes).
+  const std::vector<uint64_t> grid = metadata_->grid_shape();
   for (const auto& [key, size] : store_->list_sizes(prefix)) {
-    std::string_view name = std::string_view(key).substr(prefix.size());
-    std::string_view leaf =
-        name.substr(name.rfind('/') == std::string_view::npos ? 0 : name.rfind('/') + 1);
-    if (is_metadata_key(leaf)) continue;
+    const std::string_view name = std::string_view(key).substr(prefix.size());
+    const auto index = metadata_->key_encoding.decode(name, grid.size());
+    if (!index) continue;
+    bool on_grid = true;
+    for (size_t d = 0; d < grid.size(); ++d) on_grid = on_grid && (*index)[d] < grid[d];
+    if (!on_grid) continue;
     info.stored_bytes += size;
     ++info.objects_present;
   }

@@ -739,6 +739,23 @@ TEST(Array, StorageInfo) {
   EXPECT_EQ(info.objects_total, 3u);
   EXPECT_EQ(info.objects_present, 1u);
   EXPECT_EQ(info.stored_bytes, 4u);
+  // Stray files beside the chunks, and keys off the grid, are no chunks.
+  for (const char* stray : {"a/.DS_Store", "a/c/notes.txt", "a/c/7", "a/c/01", "a/c/2/0", "a/c"})
+    store->set(stray, as_bytes("x"));
+  info = array.storage_info();
+  EXPECT_EQ(info.objects_present, 1u);
+  EXPECT_EQ(info.stored_bytes, 4u);
+  // The chunk keys of every encoding read back; others do not.
+  ChunkKeyEncoding dotted{ChunkKeyEncoding::Kind::kV2, '.'};
+  EXPECT_EQ(dotted.decode("3.0.12", 3), (std::vector<uint64_t>{3, 0, 12}));
+  EXPECT_EQ(dotted.decode("0", 0), std::vector<uint64_t>{});
+  EXPECT_FALSE(dotted.decode("3.0", 3));
+  EXPECT_FALSE(dotted.decode("3.-1.2", 3));
+  ChunkKeyEncoding nested{ChunkKeyEncoding::Kind::kDefault, '/'};
+  EXPECT_EQ(nested.decode("c/4/5", 2), (std::vector<uint64_t>{4, 5}));
+  EXPECT_EQ(nested.decode("c", 0), std::vector<uint64_t>{});
+  EXPECT_FALSE(nested.decode("c/4/5/", 2));
+  EXPECT_FALSE(nested.decode("d/4/5", 2));
 }
 
 TEST(Array, SelectionErrors) {

@@ -1,5 +1,7 @@
 #include "zfeed/zarr/metadata.h"
 
+#include <charconv>
+
 #include "zfeed/util/error.h"
 
 namespace zfeed::zarr {
@@ -57,6 +59,31 @@ std::string ChunkKeyEncoding::encode(std::span<const uint64_t> chunk_index) cons
     key += std::to_string(chunk_index[d]);
   }
   return key;
+}
+
+std::optional<std::vector<uint64_t>> ChunkKeyEncoding::decode(std::string_view key,
+                                                              size_t rank) const {
+  std::vector<uint64_t> index;
+  std::string_view rest = key;
+  if (kind == Kind::kDefault) {
+    if (!rest.starts_with('c')) return std::nullopt;
+    rest.remove_prefix(1);
+  } else if (rank == 0) {
+    return key == "0" ? std::optional(index) : std::nullopt;
+  }
+  for (size_t d = 0; d < rank; ++d) {
+    if (kind == Kind::kDefault || d > 0) {
+      if (!rest.starts_with(separator)) return std::nullopt;
+      rest.remove_prefix(1);
+    }
+    uint64_t value = 0;
+    const auto [end, error] = std::from_chars(rest.data(), rest.data() + rest.size(), value);
+    if (error != std::errc() || end == rest.data()) return std::nullopt;
+    index.push_back(value);
+    rest.remove_prefix(size_t(end - rest.data()));
+  }
+  if (!rest.empty() || encode(index) != key) return std::nullopt;  // "c/01" is no chunk's key
+  return index;
 }
 
 Json ChunkKeyEncoding::to_json() const {

@@ -23,6 +23,9 @@ struct ChunkKeyEncoding {
 
   // "c/1/2" (default), "1.2" (v2); "c" and "0" for zero-dimensional arrays.
   std::string encode(std::span<const uint64_t> chunk_index) const;
+  // The chunk index of `key` for an array of `rank` dimensions, where encode() of it gives `key`
+  // exactly; nullopt for any other key (a stray file beside the chunks).
+  std::optional<std::vector<uint64_t>> decode(std::string_view key, size_t rank) const;
   Json to_json() const;
   static ChunkKeyEncoding parse(const Json& value);
 };

@@ -368,6 +368,25 @@ void check_local_destination(const std::string& destination_path) {
   }
 }
 
+// A copy into its own source, or around it, would write into what it reads: refused before
+// anything (the lock file first) is made there.
+void check_apart(const Store& source, const std::string& destination_path) {
+  const auto marker = source.local_path("zarr.json");
+  if (!marker) return;
+  std::error_code ec;
+  const fs::path from = fs::weakly_canonical(fs::path(*marker).parent_path(), ec);
+  const fs::path to = fs::weakly_canonical(destination_path, ec);
+  auto within = [](const fs::path& outer, const fs::path& inner) {
+    return std::mismatch(outer.begin(), outer.end(), inner.begin(), inner.end()).first ==
+           outer.end();
+  };
+  if (within(from, to) || within(to, from)) {
+    throw Error("stage " + source.url() + " -> " + destination_path +
+                ": the destination is, holds or lies inside the source; stage to another "
+                "directory");
+  }
+}
+
 }  // namespace
 
 std::function<void(const StageProgress&)> stage_progress_printer(std::string label,
@@ -414,6 +433,7 @@ StageResult stage(std::shared_ptr<Store> source, const std::string& destination_
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   };
   check_local_destination(destination_path);
+  check_apart(*source, destination_path);
   FileStoreOptions store_options;
   store_options.create = true;
   std::shared_ptr<Store> destination = make_file_store(destination_path, store_options);
