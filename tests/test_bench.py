@@ -166,3 +166,166 @@ def test_the_clock_measures_at_least_min_seconds_and_never_past_the_cap():
     assert n == 3
     n, elapsed = count(Clock(100, seconds=0.05, min_seconds=1.0), 0.01)
     assert 2 <= n < 100 and elapsed < 0.5
+
+
+# -------------------------------------------------------------------------------------------
+# Errors are one line, and what the benchmark measures follows its store.
+
+
+def _one_line_error(done, *expected):
+    """A refused run: non-zero exit, one line on stderr holding every `expected` text, no traceback."""
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode != 0, done.stdout
+    assert "Traceback" not in done.stderr and len(lines) == 1, done.stderr
+    for text in expected:
+        assert text in lines[0], (text, lines[0])
+
+
+@pytest.fixture(scope="module")
+def two_variable_store(tmp_path_factory):
+    path = tmp_path_factory.mktemp("two") / "only2.zarr"
+    run("synth", "era5", path, "--grid", "8x16", "--times", "4", "--variables", "t2m,msl", "--quiet")
+    return path
+
+
+def test_bench_refuses_a_bad_store_or_result_in_one_line(tmp_path, two_variable_store):
+    done = run("bench", "--store", two_variable_store, "--quick", "--stores", "1-step", "--workdir", tmp_path,
+               ok=False)
+    _one_line_error(done, f"--store {two_variable_store} lacks u500", "(it has msl, t2m)", "pass --variables")
+    done = run("bench", "--store", tmp_path / "nonexist.zarr", "--quick", "--workdir", tmp_path, ok=False)
+    _one_line_error(done, "--store", "nonexist.zarr does not exist")
+    done = run("bench", "--from-json", tmp_path / "missing.json", ok=False)
+    _one_line_error(done, "--from-json", "missing.json", "No such file")
+    done = run("bench", "--from-json", two_variable_store / "zarr.json", ok=False)
+    _one_line_error(done, "--from-json", "is not a result of zfeed bench --json")
+
+
+def test_bench_refuses_stores_too_short_for_one_batch_up_front(tmp_path, small_store):
+    # 14 time steps make 13 samples: no batch of 16 (the zfeed reader used to spin until its timeout).
+    done = run("bench", "--store", small_store, "--stores", "1-step", "--readers", "zfeed", "--quick",
+               "--workdir", tmp_path, ok=False, timeout=60)
+    _one_line_error(done, f"--store {small_store} has 14 time steps", "--batch-size 16")
+    done = run("bench", "--quick", "--times", "10", "--workdir", tmp_path, ok=False, timeout=60)
+    _one_line_error(done, "--times 10", "--batch-size 16")
+    assert not list(tmp_path.glob("*.zarr"))  # refused before any store was made
+
+
+def test_zfeed_reader_ends_when_no_batch_fits(small_store):
+    spec = {"store": str(small_store), "variables": VARIABLES, "lead": 1, "batch_size": 16, "seed": 0, "warmup": 1,
+            "batches": 2, "seconds": 5.0, "options": {}, "normalize": {v: [0.0, 1.0] for v in VARIABLES}}
+    done = run("bench", "--child", "zfeed", json.dumps(spec), ok=False, timeout=30)
+    assert done.returncode != 0 and "yields no batch of 16" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_rechunked_store_is_rebuilt_for_other_variables_or_a_changed_source(tmp_path):
+    from zfeed.bench import rechunked_store
+
+    source = tmp_path / "src.zarr"
+
+    def synth(seed):
+        run("synth", "era5", source, "--grid", "4x8", "--times", "12", "--seed", seed,
+            "--variables", "t2m,u500,v500", "--quiet")
+
+    synth(1)
+    work = tmp_path / "work"
+    work.mkdir()
+    first = rechunked_store(source, work, 10, ["t2m", "u500"], {"version": 1})
+    marker = first / "zfeed-bench-store.json"
+    written = marker.stat().st_mtime_ns
+    assert rechunked_store(source, work, 10, ["u500", "t2m"], {"version": 1}) == first
+    assert marker.stat().st_mtime_ns == written  # the same variables and source: reused
+    second = rechunked_store(source, work, 10, ["t2m", "v500"], {"version": 1})
+    group = zfeed.open(str(second))
+    assert group["v500"].chunks[0] == 10
+    np.testing.assert_array_equal(group["v500"][...], zfeed.open(str(source))["v500"][...])
+    # The source written again (other values, same path): the cached store follows it.
+    import shutil
+    shutil.rmtree(source)
+    synth(2)
+    third = rechunked_store(source, work, 10, ["t2m", "v500"], {"version": 1})
+    np.testing.assert_array_equal(zfeed.open(str(third))["t2m"][...], zfeed.open(str(source))["t2m"][...])
+
+
+def test_limit_units_list_every_chunk_of_a_plane():
+    from zfeed.bench import chunk_uses, limit_subset
+
+    batches = [(0, [3]), (1, [9])]
+    per_use = chunk_uses(batches, ["a", "b"], 1, 10, False, grid=(2, 1))
+    assert per_use == ["a 0 0 0", "a 0 1 0", "b 0 0 0", "b 0 1 0",  # t=3, t+1=4: chunk 0
+                       "a 0 0 0", "a 0 1 0", "b 0 0 0", "b 0 1 0",  # t=9: chunks 0 and 1
+                       "a 1 0 0", "a 1 1 0", "b 1 0 0", "b 1 1 0"]
+    assert chunk_uses(batches, ["a"], 1, 1, True, grid=(1, 3))[:3] == ["a 3 0 0", "a 3 0 1", "a 3 0 2"]
+    # The budget counts every chunk of a plane: 2 x 2 decodes per time chunk.
+    assert limit_subset(batches, ["a"], 10, 1, 4, grid=(2, 2)) == batches[:1]
+    assert limit_subset(batches, ["a"], 10, 1, 12, grid=(2, 2)) == batches
+
+
+def test_bench_limit_on_a_store_chunked_in_space_and_quick_keeps_explicit_options(tmp_path, small_store):
+    spaced = tmp_path / "lat4.zarr"
+    run("rechunk", small_store, spaced, "--chunks", "latitude=4")  # 16 latitudes: 4 chunks per plane
+    out_json = tmp_path / "out.json"
+    done = run("bench", "--store", spaced, "--stores", "1-step", "--readers", "zfeed,limit", "--quick",
+               "--batch-size", "4", "--batches", "2", "--warmup", "0", "--workdir", tmp_path / "work",
+               "--json", out_json, "--plot", tmp_path / "plots" / "out", timeout=120)
+    result = json.loads(out_json.read_text())
+    assert result["config"]["batches"] == 2 and result["config"]["warmup"] == 0  # not --quick's 3 and 1
+    assert result["stores"]["1-step"]["read_grid"] == [14, 4, 1]
+    rows = {r["reader"]: r for r in result["rows"]}
+    limit = rows["limit"]
+    assert "error" not in limit, limit.get("error")
+    # Each sample decodes its two planes of every variable: all 4 chunks of each.
+    assert limit["decoded_chunk_bytes"] == limit["samples"] * result["config"]["sample_bytes"]
+    assert limit["chunks"] == limit["samples"] * 2 * len(VARIABLES) * 4
+    png = tmp_path / "plots" / "out.png"
+    assert png.read_bytes()[:4] == b"\x89PNG" and f"PNG:  {png}" in done.stdout
+
+
+def _saved_result(tmp_path) -> dict:
+    def row(reader, store, samples_per_s):
+        return {"reader": reader, "store": store, "notes": [], "samples": 32, "batches": 2, "seconds": 1.0,
+                "samples_per_s": samples_per_s, "mb_per_s": samples_per_s * 0.01}
+
+    store = {"path": str(tmp_path), "shape": [14, 16, 32], "chunks": [1, 16, 32], "stored_bytes": 80,
+             "decoded_bytes": 100}
+    rows = [row("zfeed", "1-step", 100.0), row("baseline", "1-step", 50.0),
+            row("zfeed", "10-step", 155.0), row("baseline", "10-step", 14.0)]
+    summary = {"zfeed 10-step vs 1-step": {"loss": 1 - 155 / 100, "slowdown": 100 / 155, "one_samples_per_s": 100.0,
+                                           "multi_samples_per_s": 155.0},
+               "baseline 10-step vs 1-step": {"loss": 1 - 14 / 50, "slowdown": 50 / 14, "one_samples_per_s": 50.0,
+                                              "multi_samples_per_s": 14.0}}
+    return {"title": "zfeed loader benchmark: saved", "machine": {"cores": 2, "cpu": "cpu"}, "versions": {"zfeed": "0"},
+            "load_average": {"before": [0.1, 0, 0], "after": [0.2, 0, 0]}, "page_cache": "warm",
+            "stores": {"1-step": store, "10-step": {**store, "chunks": [10, 16, 32]}},
+            "config": {"channels": 6, "grid": [16, 32], "sample_bytes": 24576, "batch_size": 16},
+            "rows": rows, "summary": summary}
+
+
+def test_bench_from_json_plots_into_a_new_folder_and_says_faster_for_a_gain(tmp_path):
+    saved = tmp_path / "saved.json"
+    saved.write_text(json.dumps(_saved_result(tmp_path)))
+    png = tmp_path / "new" / "dir" / "p.png"
+    done = run("bench", "--from-json", saved, "--plot", png)
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    assert "zfeed on the 10-step store: 155.0 samples/s against 100.0 on the 1-step store, no loss: 1.55x faster" \
+        in done.stdout
+    assert "baseline on the 10-step store: 14.0 samples/s against 50.0 on the 1-step store, a loss of 72%" \
+        in done.stdout
+
+
+def test_bench_without_the_limit_helper(tmp_path, small_store, monkeypatch, capsys):
+    from zfeed import bench
+
+    monkeypatch.setattr(bench, "limit_binary", lambda given: None)
+    common = ["--store", str(small_store), "--stores", "1-step", "--quick", "--batch-size", "4", "--batches", "2",
+              "--warmup", "0", "--workdir", str(tmp_path / "work")]
+    # Only the limit asked for (zfeed gives it its samples): refused before measuring.
+    with pytest.raises(SystemExit) as refused:
+        bench.main(common + ["--readers", "zfeed,limit"])
+    assert "zfeed_read_limit is not found" in str(refused.value.code)
+    # Beside other readers: left out with a note, and the run succeeds.
+    out_json = tmp_path / "out.json"
+    assert bench.main(common + ["--readers", "zfeed,tensorstore,limit", "--json", str(out_json)]) == 0
+    result = json.loads(out_json.read_text())
+    assert [r["reader"] for r in result["rows"]] == ["zfeed", "tensorstore"]
+    assert any("the limit is left out" in note for note in result["notes"])
+    assert "note: zfeed_read_limit not found" in capsys.readouterr().out

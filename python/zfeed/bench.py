@@ -19,7 +19,8 @@ at t + 1, batches of 16 float32 samples [channels, lat, lon], shuffled. Readers:
 
 on two stores: the 1-step store (one time step per chunk, zstd level 3: `zfeed synth era5`) and
 the same values with 10 time steps per chunk (the hackathon's original chunking, `zfeed convert
---chunks time=10`). Both are made once and cached under --workdir.
+--chunks time=10`). Both are made once and cached under --workdir (made again when the variables
+or the source store change).
 
 Figures: samples/s and MB/s of decoded input + target bytes delivered (10^6 B per MB), over
 --batches batches after --warmup batches (at most --seconds per reader). Each reader runs in a
@@ -106,6 +107,16 @@ def _run_quiet(command: list[str]) -> None:
         raise SystemExit(f"zfeed bench: failed: {' '.join(command)}")
 
 
+def fail(message: str):
+    """Ends the run with one line on stderr (exit status 1)."""
+    raise SystemExit(f"zfeed bench: {message}")
+
+
+def _one_line(error: BaseException) -> str:
+    text = " ".join(str(error).split())
+    return text or type(error).__name__
+
+
 def _marker_ok(path: Path, params: dict) -> bool:
     marker = path / "zfeed-bench-store.json"
     try:
@@ -116,11 +127,13 @@ def _marker_ok(path: Path, params: dict) -> bool:
 
 def _make_store(path: Path, params: dict, build) -> Path:
     """Builds a store into a temporary sibling and renames it into place, so a killed run never
-    leaves a half-written store that a later run would reuse."""
+    leaves a half-written store that a later run would reuse. A store whose marker differs from
+    `params` (other variables, a changed source, an older version) is built again."""
     if _marker_ok(path, params):
         log(f"store: reusing {path}")
         return path
     if path.exists():
+        log(f"store: {path.name} was made from other variables or another source: rebuilding it")
         shutil.rmtree(path)
     partial = path.with_name(path.name + ".partial")
     if partial.exists():
@@ -153,33 +166,87 @@ def synthetic_stores(workdir: Path, grid: tuple[int, int], times: int, variables
     return stores
 
 
+def source_signature(path: Path, variables: list[str]) -> str:
+    """What identifies a source store's contents, cheaply: the name, size and modification time of
+    its root metadata and of every file of the given variables (a store rewritten since, or a
+    variable written again, signs differently)."""
+    files = [path / name for name in ("zarr.json", ".zmetadata", ".zgroup", ".zattrs") if (path / name).is_file()]
+    for name in sorted(set(variables)):
+        files.extend(sorted(f for f in (path / name).rglob("*") if f.is_file()))
+    digest = hashlib.sha1()
+    for f in files:
+        st = f.stat()
+        digest.update(f"{f.relative_to(path)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return digest.hexdigest()
+
+
 def rechunked_store(source: Path, workdir: Path, time_chunk: int, variables: list[str], params: dict) -> Path:
-    tag = hashlib.sha1(str(source.resolve()).encode()).hexdigest()[:8]
+    """`source` rewritten with `time_chunk` time steps per chunk, cached in `workdir`: reused while
+    its marker names the same variables and the same source contents (source_signature)."""
+    source = source.resolve()
+    tag = hashlib.sha1(str(source).encode()).hexdigest()[:8]
     path = workdir / f"{source.name.removesuffix('.zarr').removesuffix('-time1')}-time{time_chunk}-{tag}.zarr"
     log(f"store: {path.name} (the same values, {time_chunk} time steps per chunk)")
-    return _make_store(path, {**params, "source": str(source.resolve()), "time_chunk": time_chunk},
+    marker = {**params, "source": str(source), "source_signature": source_signature(source, variables),
+              "variables": sorted(set(variables)), "time_chunk": time_chunk}
+    return _make_store(path, marker,
                        lambda out: _run_quiet([zfeed_command(), "convert", str(source), str(out), "--chunks",
                                                f"time={time_chunk}", "--codec", "zstd:3", "--variables",
                                                ",".join(variables), "--quiet"]))
 
 
-def describe_store(path: Path, variables: list[str]) -> dict:
+def check_store(path: Path, label: str, variables: list[str], batch_size: int, lead: int = 1) -> dict:
+    """Opens the store and checks what the benchmark needs of it: the variables, each (time, lat,
+    lon) of one shape, and at least one batch of samples (t, t + lead). `label` names the store in
+    the one-line error ("--store PATH"). Returns {name: array}."""
     import zfeed
 
-    group = zfeed.open(str(path))
-    first = group[variables[0]]
-    for name in variables:
-        array = group[name]
+    if not path.exists():
+        fail(f"{label} does not exist")
+    try:
+        group = zfeed.open(str(path))
+    except (zfeed.ZarrError, OSError, ValueError) as error:
+        fail(f"{label} is not a readable Zarr store: {_one_line(error)}")
+    if not isinstance(group, zfeed.Group):
+        fail(f"{label} is a single array; a group holding the variables is expected")
+    try:
+        names = group.keys()
+        missing = [name for name in variables if name not in names]
+        if missing:
+            held = [name for name, node in group.arrays() if node.ndim == 3] or names
+            fail(f"{label} lacks {', '.join(missing)} (it has {', '.join(held) or 'no arrays'}); pass --variables")
+        arrays = {name: group[name] for name in variables}
+    except (zfeed.ZarrError, OSError, ValueError) as error:
+        fail(f"{label}: {_one_line(error)}")
+    first = arrays[variables[0]]
+    for name, array in arrays.items():
         if len(array.shape) != 3:
-            raise SystemExit(f"zfeed bench: {path}/{name} has shape {array.shape}; (time, lat, lon) expected")
+            fail(f"{label}: {name} has shape {array.shape}; (time, lat, lon) expected")
         if array.shape != first.shape:
-            raise SystemExit(f"zfeed bench: {path}: {name} {array.shape} differs from {variables[0]} {first.shape}")
+            fail(f"{label}: {name} {array.shape} differs from {variables[0]} {first.shape}")
+    steps = first.shape[0]
+    if steps - lead < batch_size:
+        fail(f"{label} has {steps} time steps, {max(0, steps - lead)} samples of t -> t+{lead}: fewer than one "
+             f"batch of --batch-size {batch_size} (pass a smaller --batch-size, or a store of at least "
+             f"{batch_size + lead} time steps)")
+    return arrays
+
+
+def describe_store(path: Path, variables: list[str], label: str | None = None, batch_size: int = 1) -> dict:
+    arrays = check_store(path, label or str(path), variables, batch_size)
+    first = arrays[variables[0]]
     stored = 0
     for name in variables:
         stored += sum(f.stat().st_size for f in (path / name).rglob("*") if f.is_file() and f.name != "zarr.json")
-    return {"path": str(path), "shape": list(first.shape), "time_chunk": int(first.chunks[0]),
-            "chunks": list(first.chunks), "stored_bytes": stored,
-            "decoded_bytes": int(np.prod(first.shape)) * 4 * len(variables)}
+    chunks = [int(n) for n in first.chunks]  # the unit of reading (the inner chunk where sharded)
+    return {"path": str(path), "shape": list(first.shape), "time_chunk": chunks[0],
+            "chunks": chunks, "stored_bytes": stored,
+            "decoded_bytes": int(np.prod(first.shape)) * 4 * len(variables),
+            # chunks per dimension, and what one decodes to: the limit lists every chunk of a plane
+            "read_grid": [-(-int(n) // c) for n, c in zip(first.shape, chunks)],
+            "chunk_bytes": int(np.prod(chunks)) * first.dtype.itemsize,
+            "variables_chunked_differently": [name for name, a in arrays.items()
+                                              if [int(n) for n in a.chunks] != chunks]}
 
 
 def statistics(path: Path, variables: list[str], steps: int = 24) -> dict[str, tuple[float, float]]:
@@ -294,13 +361,15 @@ def child_zfeed(spec: dict) -> dict:
 
     def next_batch():
         nonlocal epoch, iterator
-        while True:
+        for _ in range(2):  # the end of an epoch, then a fresh one that must yield
             try:
                 return next(iterator)
             except StopIteration:
                 epoch += 1
                 loader.set_epoch(epoch)
                 iterator = iter(loader)
+        fail(f"zfeed.Loader yields no batch of {spec['batch_size']} from {spec['store']} "
+             f"({loader.num_samples} samples): pass a smaller --batch-size")
 
     for _ in range(spec["warmup"]):
         batch = next_batch()
@@ -331,12 +400,13 @@ def child_baseline(spec: dict) -> dict:
 
     def next_batch():
         nonlocal iterator, epochs
-        while True:
+        for _ in range(2):  # the end of an epoch, then a fresh one that must yield
             try:
                 return next(iterator)
             except StopIteration:
                 epochs += 1
                 iterator = iter(loader)
+        fail(f"the baseline yields no batch of {spec['batch_size']} from {spec['store']}: pass a smaller --batch-size")
 
     for _ in range(spec["warmup"]):
         next_batch()
@@ -409,10 +479,13 @@ def run_child(reader: str, spec: dict, timeout: float) -> dict:
 # The limit
 
 
-def chunk_uses(batches: list, variables: list[str], lead: int, time_chunk: int, once_per_epoch: bool) -> list[str]:
-    """Lines "VAR c 0 0" for zfeed_read_limit --units: per sample, the distinct chunks of t and
-    t + lead of every variable (once per use); or, with once_per_epoch, every distinct chunk of the
-    samples of each epoch once."""
+def chunk_uses(batches: list, variables: list[str], lead: int, time_chunk: int, once_per_epoch: bool,
+               grid: tuple[int, int] = (1, 1)) -> list[str]:
+    """Lines "VAR c i j" for zfeed_read_limit --units: per sample, the distinct time chunks of t and
+    t + lead of every variable (once per use); or, with once_per_epoch, every distinct time chunk of
+    the samples of each epoch once. A time chunk is every chunk (i, j) of the plane's chunk grid
+    `grid` (lat chunks, lon chunks): (1, 1) where a chunk holds the whole plane."""
+    spatial = [f"{i} {j}" for i in range(grid[0]) for j in range(grid[1])]
     lines = []
     seen: set = set()
     current_epoch = None
@@ -426,19 +499,19 @@ def chunk_uses(batches: list, variables: list[str], lead: int, time_chunk: int, 
                     if c in seen:
                         continue
                     seen.add(c)
-                lines.extend(f"{name} {c} 0 0" for name in variables)
+                lines.extend(f"{name} {c} {ij}" for name in variables for ij in spatial)
     return lines
 
 
 def limit_subset(batches: list, variables: list[str], time_chunk: int, chunk_bytes: int, budget: int,
-                 once_per_epoch: bool = False) -> list:
+                 once_per_epoch: bool = False, grid: tuple[int, int] = (1, 1)) -> list:
     """The first of the measured batches (at least one) whose chunk decodes (once per use, or once
     per epoch) stay within `budget` bytes: the limit is a rate, and a part of the same samples
     measures it. Once per epoch, a longer part is needed: the chunks a few batches share (a
     window's, and its neighbors') are then shared over as many samples as in the measured run."""
     subset = []
     for epoch, times in batches:
-        decodes = len(chunk_uses(subset + [(epoch, times)], variables, 1, time_chunk, once_per_epoch))
+        decodes = len(chunk_uses(subset + [(epoch, times)], variables, 1, time_chunk, once_per_epoch, grid))
         if subset and decodes * chunk_bytes > budget:
             break
         subset.append((epoch, times))
@@ -614,9 +687,14 @@ def report(result: dict) -> None:
     print(table(result["rows"]))
     for name, value in result["summary"].items():
         reader, kind = name.split(" ")[:2]
+        if value["loss"] > 0:
+            change = f"a loss of {value['loss'] * 100:.0f}% ({value['slowdown']:.2f}x the time per sample)"
+        else:
+            change = f"no loss: {1 / value['slowdown']:.2f}x faster"
         print(f"{reader} on the {kind} store: {value['multi_samples_per_s']:.1f} samples/s against "
-              f"{value['one_samples_per_s']:.1f} on the 1-step store, a loss of {value['loss'] * 100:.0f}% "
-              f"({value['slowdown']:.2f}x the time per sample)")
+              f"{value['one_samples_per_s']:.1f} on the 1-step store, {change}")
+    for note in result.get("notes", []):
+        print(f"note: {note}")
     print("limit: libzstd alone on all cores, frames in memory, each chunk decoded once per sample that "
           "uses it; limit-cached: each chunk once per epoch (a decoded-chunk cache).")
 
@@ -636,35 +714,71 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--stores", default="1-step,10-step", help="which stores: 1-step,10-step (default both)")
     parser.add_argument("--readers", default=",".join(READERS), help="comma-separated subset of " + ",".join(READERS))
     parser.add_argument("--variables", default=",".join(DEFAULT_VARIABLES), help="the variables (inputs = targets)")
-    parser.add_argument("--grid", default="320x640", help="grid of the synthetic store, NLATxNLON (default 320x640)")
-    parser.add_argument("--times", type=int, default=360, help="time steps of the synthetic store (default 360)")
+    parser.add_argument("--grid", help="grid of the synthetic store, NLATxNLON (default 320x640; --quick 64x128)")
+    parser.add_argument("--times", type=int, help="time steps of the synthetic store (default 360; --quick 80)")
     parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--batches", type=int, default=20,
-                        help="measured batches per reader, at least (default 20; more until --min-seconds pass)")
-    parser.add_argument("--min-seconds", type=float, default=2.0,
+    parser.add_argument("--batches", type=int,
+                        help="measured batches per reader, at least (default 20, more until --min-seconds pass; "
+                             "--quick 3)")
+    parser.add_argument("--min-seconds", type=float,
                         help="measure zfeed and the baseline at least this long (default 2: on many cores 20 "
-                             "batches take a fraction of a second, and the pipeline's start would weigh)")
-    parser.add_argument("--warmup", type=int, default=2, help="batches read before measuring (default 2)")
-    parser.add_argument("--seconds", type=float, default=20.0,
-                        help="stop measuring a reader after this long, once 2 batches are in (default 20)")
+                             "batches take a fraction of a second, and the pipeline's start would weigh; --quick 0)")
+    parser.add_argument("--warmup", type=int, help="batches read before measuring (default 2; --quick 1)")
+    parser.add_argument("--seconds", type=float,
+                        help="stop measuring a reader after this long, once 2 batches are in (default 20; --quick 10)")
     parser.add_argument("--workers", type=int, default=2, help="DataLoader workers of the baseline (default 2)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--zfeed-option", action="append", default=[], metavar="KEY=VALUE",
                         help="pass KEY=VALUE to zfeed.Loader (repeatable), e.g. order=chunks")
     parser.add_argument("--limit-bin", help="the zfeed_read_limit helper (default: beside python, PATH, build/)")
-    parser.add_argument("--limit-reps", type=int, default=3, help="repetitions of the limit, best counts (default 3)")
+    parser.add_argument("--limit-reps", type=int, help="repetitions of the limit, best counts (default 3; --quick 1)")
     parser.add_argument("--quick", action="store_true",
-                        help="a smoke run: 64x128 grid, 80 time steps, 3 measured batches")
+                        help="a smoke run: 64x128 grid, 80 time steps, 3 measured batches (options given "
+                             "explicitly keep their values)")
     parser.add_argument("--json", type=Path, help="write every number, machine facts and versions here")
-    parser.add_argument("--plot", type=Path, help="write a bar chart (PNG) here")
+    parser.add_argument("--plot", type=Path, help="write a bar chart here (a PNG; .png is added to a name without it)")
     parser.add_argument("--from-json", type=Path, help="measure nothing: print (and --plot) a saved result")
     parser.add_argument("--child", nargs=2, metavar=("READER", "SPEC"), help=argparse.SUPPRESS)
     return parser
 
 
+# What --quick changes, unless given explicitly; and the defaults of a full run.
+FULL_DEFAULTS = {"grid": "320x640", "times": 360, "batches": 20, "warmup": 2, "seconds": 20.0, "min_seconds": 2.0,
+                 "limit_reps": 3}
+QUICK_DEFAULTS = {"grid": "64x128", "times": 80, "batches": 3, "warmup": 1, "seconds": 10.0, "min_seconds": 0.0,
+                  "limit_reps": 1}
+
+
+def store_labels(args, kinds: list[str]) -> dict[str, str]:
+    """How the one-line errors name each store: by its option where one was given."""
+    labels = {}
+    for kind in kinds:
+        if kind == "1-step" and args.store:
+            labels[kind] = f"--store {args.store}"
+        elif kind != "1-step" and args.chunked_store:
+            labels[kind] = f"--chunked-store {args.chunked_store}"
+        elif args.store:
+            labels[kind] = f"the {kind} store made from --store {args.store}"
+        else:
+            labels[kind] = f"the synthetic {kind} store"
+    return labels
+
+
 def prepare_stores(args, kinds: list[str], variables: list[str], grid: tuple[int, int]) -> dict[str, Path]:
+    if not args.store:
+        if args.times - 1 < args.batch_size:
+            fail(f"--times {args.times} makes {args.times - 1} samples of t -> t+1: fewer than one batch of "
+                 f"--batch-size {args.batch_size} (pass --times {args.batch_size + 1} or more)")
+    else:
+        # Checked before anything is made from them.
+        check_store(args.store, f"--store {args.store}", variables, args.batch_size)
+        if args.chunked_store and any(kind != "1-step" for kind in kinds):
+            check_store(args.chunked_store, f"--chunked-store {args.chunked_store}", variables, args.batch_size)
     workdir = args.workdir.resolve()
-    workdir.mkdir(parents=True, exist_ok=True)
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        fail(f"--workdir {args.workdir}: {error.strerror or _one_line(error)}")
     if not args.store:
         return synthetic_stores(workdir, grid, args.times, variables, args.seed, kinds)
     stores = {}
@@ -679,6 +793,39 @@ def prepare_stores(args, kinds: list[str], variables: list[str], grid: tuple[int
     return stores
 
 
+def plot_path(given: Path) -> Path:
+    """The PNG --plot writes: .png added to a name without a suffix (as matplotlib does)."""
+    if given.suffix == "":
+        return given.with_name(given.name + ".png")
+    if given.suffix.lower() != ".png":
+        fail(f"--plot writes a PNG: give FILE.png, not {given}")
+    return given
+
+
+def write_plot(result: dict, png: Path) -> None:
+    try:
+        png.parent.mkdir(parents=True, exist_ok=True)
+        plot(result, png)
+    except OSError as error:
+        fail(f"--plot {png}: {error.strerror or _one_line(error)}")
+
+
+RESULT_KEYS = ("title", "machine", "versions", "load_average", "page_cache", "stores", "config", "rows", "summary")
+
+
+def load_result(path: Path) -> dict:
+    try:
+        result = json.loads(path.read_text())
+    except OSError as error:
+        fail(f"--from-json {path}: {error.strerror or _one_line(error)}")
+    except ValueError as error:
+        fail(f"--from-json {path} is not JSON: {_one_line(error)}")
+    missing = [key for key in RESULT_KEYS if key not in result] if isinstance(result, dict) else list(RESULT_KEYS)
+    if missing:
+        fail(f"--from-json {path} is not a result of zfeed bench --json (no {', '.join(missing)})")
+    return result
+
+
 class Measurement:
     """Runs the readers on one store after another and collects the rows of the table."""
 
@@ -691,7 +838,8 @@ class Measurement:
         self.steps, self.step = steps, 0
         self.rows: list[dict] = []
 
-    def store(self, kind: str, path: Path, time_chunk: int) -> None:
+    def store(self, kind: str, path: Path, described: dict) -> None:
+        time_chunk = described["time_chunk"]
         warmed = warm_page_cache(path)
         log(f"{kind}: page cache warmed ({warmed / 1e6:.0f} MB read)")
         args = self.args
@@ -723,10 +871,8 @@ class Measurement:
             elif reader == "tensorstore":
                 result = run_child("tensorstore", {**spec, "sample_batches": [t for _, t in sample_batches]},
                                    self.child_timeout)
-            elif not self.binary:
-                result = {"error": "zfeed_read_limit not found (make python installs it)"}
             else:  # limit
-                result, cached = self.limit(path, time_chunk, sample_batches)
+                result, cached = self.limit(path, described, sample_batches)
                 if cached is not None:
                     extra_rows.append(_finish({"reader": "limit-cached", "store": kind, "notes": []}, cached,
                                               self.sample_bytes))
@@ -739,19 +885,25 @@ class Measurement:
             self.rows.append(row)
             self.rows.extend(extra_rows)
 
-    def limit(self, path: Path, time_chunk: int, sample_batches: list) -> tuple[dict, dict | None]:
-        """The limit per use and, on a multi-step store, once per epoch."""
-        chunk_bytes = time_chunk * self.grid[0] * self.grid[1] * 4
-        subset = limit_subset(sample_batches, self.variables, time_chunk, chunk_bytes, LIMIT_DECODE_BYTES)
+    def limit(self, path: Path, described: dict, sample_batches: list) -> tuple[dict, dict | None]:
+        """The limit per use and, on a multi-step store, once per epoch: every chunk of each plane
+        (a store chunked in space has several)."""
+        if described["variables_chunked_differently"]:
+            return {"error": "limit: left out, the variables are not chunked alike ("
+                             + ", ".join(described["variables_chunked_differently"]) + " differ from "
+                             + self.variables[0] + ")"}, None
+        time_chunk, chunk_bytes = described["time_chunk"], described["chunk_bytes"]
+        grid = tuple(described["read_grid"][1:])
+        subset = limit_subset(sample_batches, self.variables, time_chunk, chunk_bytes, LIMIT_DECODE_BYTES, grid=grid)
         counts = {"samples": sum(len(t) for _, t in subset), "batches": len(subset)}
-        per_use = run_limit(self.binary, path, chunk_uses(subset, self.variables, 1, time_chunk, False),
+        per_use = run_limit(self.binary, path, chunk_uses(subset, self.variables, 1, time_chunk, False, grid),
                             self.args.limit_reps)
         per_use.update(counts)
         if time_chunk == 1 or "error" in per_use:
             return per_use, None
         subset = limit_subset(sample_batches, self.variables, time_chunk, chunk_bytes, LIMIT_DECODE_BYTES,
-                              once_per_epoch=True)
-        cached = run_limit(self.binary, path, chunk_uses(subset, self.variables, 1, time_chunk, True),
+                              once_per_epoch=True, grid=grid)
+        cached = run_limit(self.binary, path, chunk_uses(subset, self.variables, 1, time_chunk, True, grid),
                            self.args.limit_reps)
         cached.update({"samples": sum(len(t) for _, t in subset), "batches": len(subset)})
         return per_use, cached
@@ -764,17 +916,24 @@ def main(argv: list[str] | None = None) -> int:
         reader, spec = args.child
         print(json.dumps(CHILDREN[reader](json.loads(spec))), flush=True)
         return 0
+    png = plot_path(args.plot) if args.plot else None
     if args.from_json:
-        result = json.loads(args.from_json.read_text())
-        report(result)
-        if args.plot:
-            plot(result, args.plot)
+        result = load_result(args.from_json)
+        try:
+            report(result)
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as error:
+            fail(f"--from-json {args.from_json} is not a result of zfeed bench --json ({type(error).__name__}: "
+                 f"{_one_line(error)})")
+        if png:
+            write_plot(result, png)
+            print(f"PNG:  {png}")
         return 0
 
-    if args.quick:
-        args.grid, args.times, args.batches, args.warmup, args.seconds = "64x128", 80, 3, 1, 10.0
-        args.min_seconds = 0.0
-        args.limit_reps = 1
+    for key, value in (QUICK_DEFAULTS if args.quick else FULL_DEFAULTS).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    if args.batch_size < 1:
+        parser.error(f"--batch-size must be at least 1, got {args.batch_size}")
     kinds = [k for k in args.stores.split(",") if k]
     readers = [r for r in args.readers.split(",") if r]
     variables = [v for v in args.variables.split(",") if v]
@@ -792,13 +951,24 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, AssertionError):
         parser.error(f"--grid takes NLATxNLON, got {args.grid}")
     options = parse_options(args.zfeed_option)
+    notes = []
     binary = limit_binary(args.limit_bin) if "limit" in readers else None
     if "limit" in readers and not binary:
-        log("limit: zfeed_read_limit not found (make python builds and installs it); the limit is left out")
+        if set(readers) <= {"zfeed", "limit"}:
+            fail("--readers asks for the limit, but zfeed_read_limit is not found (make python builds and "
+                 "installs it; or pass --limit-bin)")
+        notes.append("zfeed_read_limit not found (make python builds and installs it): the limit is left out")
+        log(f"limit: {notes[-1]}")
+        readers = [r for r in readers if r != "limit"]
 
     stores = prepare_stores(args, kinds, variables, grid)
-    described = {kind: describe_store(path, variables) for kind, path in stores.items()}
+    labels = store_labels(args, kinds)
+    described = {kind: describe_store(path, variables, labels[kind], args.batch_size) for kind, path in stores.items()}
     shape = next(iter(described.values()))["shape"]
+    for kind, store in described.items():
+        if store["shape"] != shape:
+            fail(f"{labels[kind]} has shape {tuple(store['shape'])}, the {next(iter(described))} store "
+                 f"{tuple(shape)}: the stores must hold the same values")
     lat, lon = shape[1], shape[2]
     normalize = statistics(stores.get("1-step", next(iter(stores.values()))), variables)
     info = machine()
@@ -810,7 +980,7 @@ def main(argv: list[str] | None = None) -> int:
     if load_before[0] > 0.5 * (info["cores"] or 1):
         log(f"warning: load average {load_before[0]:.1f} on {info['cores']} cores: other work competes for the CPU")
     for kind, path in stores.items():
-        measurement.store(kind, path, described[kind]["time_chunk"])
+        measurement.store(kind, path, described[kind])
     load_after = os.getloadavg()
     rows = measurement.rows
     add_ratios(rows)
@@ -820,7 +990,8 @@ def main(argv: list[str] | None = None) -> int:
         "title": title, "machine": info, "versions": versions(),
         "load_average": {"before": list(load_before), "after": list(load_after)},
         "page_cache": "warm: every file of a store read once before its readers run; each reader in a fresh process",
-        "config": {"variables": variables, "channels": len(variables), "grid": [lat, lon], "lead": 1,
+        "notes": notes,
+        "config": {"variables": variables, "readers": readers, "channels": len(variables), "grid": [lat, lon], "lead": 1,
                    "batch_size": args.batch_size, "batches": args.batches, "warmup": args.warmup,
                    "seconds_cap": args.seconds, "min_seconds": args.min_seconds, "baseline_workers": args.workers, "seed": args.seed,
                    "zfeed_options": options, "multi_step_zfeed_options": MULTI_STEP_ORDER,
@@ -837,16 +1008,18 @@ def main(argv: list[str] | None = None) -> int:
             "loss": "1 - (samples/s on the multi-step store) / (samples/s on the 1-step store)"},
     }
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2))
+        try:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(result, indent=2))
+        except OSError as error:
+            fail(f"--json {args.json}: {error.strerror or _one_line(error)}")
     report(result)
-    if args.plot:
-        args.plot.parent.mkdir(parents=True, exist_ok=True)
-        plot(result, args.plot)
+    if png:
+        write_plot(result, png)
     if args.json:
         print(f"JSON: {args.json}")
-    if args.plot:
-        print(f"PNG:  {args.plot}")
+    if png:
+        print(f"PNG:  {png}")
     return 1 if any("error" in r for r in rows) else 0
 
 
