@@ -140,13 +140,25 @@ TEST(Convert, OverwriteKeepsTheOldStoreUntilTheNewOneIsComplete) {
   expect_t_values(read_float(dir / "out.zarr", "t"));
   EXPECT_FALSE(std::filesystem::exists(dir / ("out.zarr/" + std::string(kProgressKey))));
 
-  // A replacement with other arguments starts over; one cut short between the two renames of a
-  // swap without exchange (the old store aside, the new complete) is put in place first.
+  // A swap cut short between its two renames (a file system without exchange: the old store
+  // aside, the new one complete) is finished by the next run, before it looks at the output.
   std::filesystem::rename(dir / "out.zarr", dir / ".out.zarr.zfeed-new");
   std::filesystem::create_directories(dir / ".out.zarr.zfeed-old");
   options.overwrite = false;
   EXPECT_CONTAINS(error_of([&] { convert(options); }), "already exists");
   EXPECT_FALSE(std::filesystem::exists(dir / ".out.zarr.zfeed-old"));
+  expect_t_values(read_float(dir / "out.zarr", "t"));
+
+  // An unfinished replacement of other arguments is zfeed's own work: started over.
+  options.overwrite = true;
+  options.on_progress = [](const ConvertProgress& p) {
+    if (p.units_done >= 2) throw Error("interrupted");
+  };
+  EXPECT_CONTAINS(error_of([&] { convert(options); }), "interrupted");
+  options.on_progress = nullptr;
+  options.codec = "zstd:1";
+  EXPECT_EQ(convert(options).units_resumed, 0u);
+  EXPECT_FALSE(std::filesystem::exists(replacement));
   expect_t_values(read_float(dir / "out.zarr", "t"));
 }
 

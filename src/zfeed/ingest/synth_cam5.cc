@@ -505,16 +505,8 @@ void write_cam5_synth(const Cam5SynthOptions& options) {
   // One time step per chunk over the whole grid, optionally in shards of N steps.
   const uint64_t block = options.shard_times ? options.shard_times : 1;
   const size_t blocks = size_t((options.times + block - 1) / block);
-  Json arguments = {{"kind", "cam5"},
-                    {"nlat", options.nlat},
-                    {"nlon", options.nlon},
-                    {"times", options.times},
-                    {"step_hours", options.step_hours},
-                    {"start_hours", options.start_hours},
-                    {"seed", options.seed},
-                    {"codec", options.codec},
-                    {"shard_times", options.shard_times},
-                    {"stack", options.stack}};
+  Json arguments = synth_arguments("cam5", options);
+  arguments["stack"] = options.stack;
   SynthOutput output(options.output, options.overwrite, "synth cam5", arguments, blocks);
   output.on_block = options.on_block;
   const auto& variables = cam5_variables();

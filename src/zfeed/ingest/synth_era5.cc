@@ -528,16 +528,8 @@ void write_era5_synth(const SynthOptions& options) {
 
   const uint64_t block = options.shard_times ? options.shard_times : 1;
   const size_t blocks = size_t((options.times + block - 1) / block);
-  Json arguments = {{"kind", "era5"},
-                    {"variables", variables},
-                    {"nlat", options.nlat},
-                    {"nlon", options.nlon},
-                    {"times", options.times},
-                    {"step_hours", options.step_hours},
-                    {"start_hours", options.start_hours},
-                    {"seed", options.seed},
-                    {"codec", options.codec},
-                    {"shard_times", options.shard_times}};
+  Json arguments = synth_arguments("era5", options);
+  arguments["variables"] = variables;
   SynthOutput output(options.output, options.overwrite, "synth era5", arguments, blocks);
   output.on_block = options.on_block;
   const DataType f32{DataTypeId::kFloat32};

@@ -110,6 +110,20 @@ zarr::ArrayMetadata synth_array_metadata(std::vector<uint64_t> shape, DataType d
                                          const Json& compressor, std::vector<std::string> dims,
                                          Json attributes);
 
+// What a resumed run of either synthesizer must repeat, of the options both take (`kind`: "era5").
+template <class Options>
+Json synth_arguments(const std::string& kind, const Options& options) {
+  return {{"kind", kind},
+          {"nlat", options.nlat},
+          {"nlon", options.nlon},
+          {"times", options.times},
+          {"step_hours", options.step_hours},
+          {"start_hours", options.start_hours},
+          {"seed", options.seed},
+          {"codec", options.codec},
+          {"shard_times", options.shard_times}};
+}
+
 inline constexpr std::string_view kSynthProgressKey = ".zfeed-synth-progress.json";
 
 // Where a synthesizer writes, in units of blocks of time steps (a shard's, else one step's). While
