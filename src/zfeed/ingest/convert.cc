@@ -11,6 +11,7 @@
 #include <numeric>
 #include <optional>
 #include <set>
+#include <sstream>
 
 #include "zfeed/ingest/cf.h"
 #include "zfeed/ingest/progress_record.h"
@@ -895,6 +896,41 @@ ConvertResult convert(const ConvertOptions& options) {
                       " and " + sources[i]->path());
         }
       }
+    }
+  }
+
+  // Joined inputs follow one another along the dimension they are joined along: each input's
+  // coordinate values start past the last of the input before, all one way (the same input given
+  // twice, or files out of order, would repeat or shuffle the times). Inputs whose values are
+  // encoded differently are refused below, by their units.
+  if (sources.size() > 1) {
+    const Variable* first_coordinate = first.find(concat);
+    double direction = 0;
+    std::optional<double> last;
+    for (size_t i = 0; first_coordinate && first_coordinate->is_coordinate() && i < sources.size();
+         ++i) {
+      const Variable* coordinate = sources[i]->find(concat);
+      if (!coordinate || !coordinate->is_coordinate() ||
+          coordinate->attributes.value("units", Json()) !=
+              first_coordinate->attributes.value("units", Json())) {
+        break;
+      }
+      const std::vector<double> values = coordinate_values(*sources[i], *coordinate);
+      if (values.empty()) continue;
+      if (!direction && values.size() > 1) direction = values[1] > values[0] ? 1 : -1;
+      if (last) {
+        const double step = values.front() - *last;
+        if (!direction && step != 0) direction = step > 0 ? 1 : -1;
+        if (step * direction <= 0) {
+          std::ostringstream text;
+          text << "mismatched inputs: " << concat << " of " << sources[i]->path() << " starts at "
+               << values.front() << ", not " << (direction < 0 ? "before" : "after") << " the last "
+               << concat << " of " << sources[i - 1]->path() << " (" << *last
+               << "): give the inputs in " << concat << " order, each once";
+          throw Error(text.str());
+        }
+      }
+      last = values.back();
     }
   }
 

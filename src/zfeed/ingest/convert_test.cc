@@ -231,6 +231,15 @@ TEST(Convert, JoinsInputsAlongTime) {
   std::vector<int32_t> times(5);
   time.read(time.full_selection(), times.data());
   EXPECT_EQ(times, (std::vector<int32_t>{0, 6, 12, 18, 24}));
+
+  // The same input twice, or inputs out of order, would repeat or shuffle the times.
+  options.overwrite = true;
+  for (const auto& inputs : {std::vector<std::string>{dir / "a.nc", dir / "a.nc"},
+                             std::vector<std::string>{dir / "b.nc", dir / "a.nc"}}) {
+    options.inputs = inputs;
+    EXPECT_CONTAINS(error_of([&] { convert(options); }),
+                    "give the inputs in time order, each once");
+  }
 }
 
 TEST(Convert, BadInputsAreClearErrors) {
