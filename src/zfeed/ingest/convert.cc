@@ -653,19 +653,28 @@ Json compressor_codec(std::string_view spec, DataType dtype) {
   std::string_view name = spec.substr(0, spec.find(':'));
   std::string_view rest =
       name.size() < spec.size() ? spec.substr(name.size() + 1) : std::string_view();
-  auto level = [&](std::string_view text, int fallback) {
+  // A level within what the library takes: zstd's negative (fast) levels to 22, gzip and blosc
+  // 0 to 9.
+  auto level = [&](std::string_view text, int fallback, int lowest, int highest) {
     if (text.empty()) return fallback;
     int value = 0;
     auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
     if (ec != std::errc() || end != text.data() + text.size()) {
       throw Error("--codec " + std::string(spec) + ": the level must be an integer");
     }
+    if (value < lowest || value > highest) {
+      throw Error("--codec " + std::string(spec) + ": the level must be from " +
+                  std::to_string(lowest) + " to " + std::to_string(highest));
+    }
     return value;
   };
   if (name == "none" && rest.empty()) return Json(nullptr);
-  if (name == "zstd")
-    return {{"name", "zstd"}, {"configuration", {{"level", level(rest, 3)}, {"checksum", false}}}};
-  if (name == "gzip") return {{"name", "gzip"}, {"configuration", {{"level", level(rest, 6)}}}};
+  if (name == "zstd") {
+    return {{"name", "zstd"},
+            {"configuration", {{"level", level(rest, 3, -131072, 22)}, {"checksum", false}}}};
+  }
+  if (name == "gzip")
+    return {{"name", "gzip"}, {"configuration", {{"level", level(rest, 6, 0, 9)}}}};
   if (name == "blosc") {
     std::string_view cname = rest.substr(0, rest.find(':'));
     std::string_view clevel =
@@ -678,7 +687,7 @@ Json compressor_codec(std::string_view spec, DataType dtype) {
     return {{"name", "blosc"},
             {"configuration",
              {{"cname", std::string(cname)},
-              {"clevel", level(clevel, 5)},
+              {"clevel", level(clevel, 5, 0, 9)},
               {"shuffle", "shuffle"},
               {"typesize", dtype.size()},
               {"blocksize", 0}}}};

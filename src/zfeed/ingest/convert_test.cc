@@ -302,6 +302,10 @@ TEST(Convert, ParsesOptions) {
   EXPECT_TRUE(compressor_codec("none", f4).is_null());
   EXPECT_CONTAINS(error_of([&] { compressor_codec("lzma", f4); }), "unknown codec");
   EXPECT_CONTAINS(error_of([&] { compressor_codec("zstd:x", f4); }), "integer");
+  EXPECT_CONTAINS(error_of([&] { compressor_codec("zstd:99", f4); }), "from -131072 to 22");
+  EXPECT_CONTAINS(error_of([&] { compressor_codec("gzip:10", f4); }), "from 0 to 9");
+  EXPECT_CONTAINS(error_of([&] { compressor_codec("blosc:zstd:-1", f4); }), "from 0 to 9");
+  EXPECT_EQ(compressor_codec("zstd:-5", f4)["configuration"]["level"], -5);
 }
 
 // A Zarr group with a level dimension: time(4) int32, level(3) = 1000, 850, 500, lat(3), lon(4);

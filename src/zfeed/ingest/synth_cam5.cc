@@ -6,6 +6,7 @@
 #include <numbers>
 #include <optional>
 
+#include "zfeed/ingest/convert.h"
 #include "zfeed/ingest/synth_common.h"
 #include "zfeed/ingest/synth_era5.h"
 #include "zfeed/util/error.h"
@@ -500,7 +501,7 @@ void write_cam5_synth(const Cam5SynthOptions& options) {
   Cam5Synth synth(options.seed, options.nlat, options.nlon);
   const std::vector<int64_t> hours =
       synth_hours(options.times, options.start_hours, options.step_hours, "synth cam5");
-  Json compressor = compressor_codec(options.codec);
+  const Json compressor = compressor_codec(options.codec, DataType{DataTypeId::kFloat32});
 
   // One time step per chunk over the whole grid, optionally in shards of N steps.
   const uint64_t block = options.shard_times ? options.shard_times : 1;

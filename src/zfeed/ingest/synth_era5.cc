@@ -8,6 +8,7 @@
 #include <mutex>
 #include <numbers>
 
+#include "zfeed/ingest/convert.h"
 #include "zfeed/ingest/replace.h"
 #include "zfeed/ingest/synth_common.h"
 #include "zfeed/util/error.h"
@@ -258,39 +259,6 @@ void Era5Synth::generate(double hours, std::span<float> out) const {
   }
 }
 
-Json compressor_codec(const std::string& spec) {
-  std::string name = spec.substr(0, spec.find(':'));
-  std::string rest = spec.find(':') == std::string::npos ? "" : spec.substr(spec.find(':') + 1);
-  auto level = [&](const std::string& text, int fallback) {
-    if (text.empty()) return fallback;
-    try {
-      size_t used = 0;
-      int value = std::stoi(text, &used);
-      if (used != text.size()) throw std::invalid_argument(text);
-      return value;
-    } catch (const std::exception&) {
-      throw Error("bad codec level \"" + text + "\" in --codec " + spec);
-    }
-  };
-  if (name == "none") return nullptr;
-  if (name == "zstd")
-    return {{"name", "zstd"}, {"configuration", {{"level", level(rest, 3)}, {"checksum", false}}}};
-  if (name == "gzip") return {{"name", "gzip"}, {"configuration", {{"level", level(rest, 5)}}}};
-  if (name == "blosc") {
-    std::string cname = rest.substr(0, rest.find(':'));
-    std::string clevel = rest.find(':') == std::string::npos ? "" : rest.substr(rest.find(':') + 1);
-    return {{"name", "blosc"},
-            {"configuration",
-             {{"cname", cname.empty() ? "lz4" : cname},
-              {"clevel", level(clevel, 5)},
-              {"shuffle", "shuffle"},
-              {"typesize", 4},
-              {"blocksize", 0}}}};
-  }
-  throw Error("unknown codec \"" + spec +
-              "\" (use zstd[:level], gzip[:level], blosc[:cname[:level]] or none)");
-}
-
 double parse_start_time(const std::string& text) {
   int year = 0, month = 0, day = 0, hour = 0, minute = 0;
   int fields = std::sscanf(text.c_str(), "%d-%d-%dT%d:%d", &year, &month, &day, &hour, &minute);
@@ -524,7 +492,7 @@ void write_era5_synth(const SynthOptions& options) {
   Era5Synth synth(options.seed, options.nlat, options.nlon, variables);
   const std::vector<int64_t> hours =
       synth_hours(options.times, options.start_hours, options.step_hours, "synth era5");
-  Json compressor = compressor_codec(options.codec);
+  const Json compressor = compressor_codec(options.codec, DataType{DataTypeId::kFloat32});
 
   const uint64_t block = options.shard_times ? options.shard_times : 1;
   const size_t blocks = size_t((options.times + block - 1) / block);

@@ -90,8 +90,7 @@ struct SynthOptions {
   std::function<void(uint64_t)> on_block;
 };
 
-// "zstd:3", "gzip:6", "blosc:lz4[:5]", "none" -> the bytes->bytes codec JSON (null for none).
-Json compressor_codec(const std::string& spec);
+// The codec spec ("zstd:3", "blosc:lz4", "none") is read by convert.h's compressor_codec.
 
 // Writes the synthetic store (a Zarr v3 group, consolidated). An existing non-empty output is an
 // error unless options.overwrite; an unfinished one written with the same options resumes (see

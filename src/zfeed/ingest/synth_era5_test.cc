@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "zfeed/ingest/convert.h"
 #include "zfeed/util/testing.h"
 #include "zfeed/zarr/array.h"
 #include "zfeed/zarr/group.h"
@@ -122,10 +123,11 @@ TEST(SynthEra5, StartTimeAndCodec) {
   EXPECT_EQ(parse_start_time("2000-01-02T06"), 30);
   EXPECT_EQ(parse_start_time("2019-03-01"), 167976);  // 6999 days
   EXPECT_EQ(parse_start_time("1999-12-31T23"), -1);
-  EXPECT_TRUE(compressor_codec("none").is_null());
-  EXPECT_EQ(compressor_codec("zstd:5")["configuration"]["level"], 5);
-  EXPECT_TRUE(
-      testing::contains(testing::error_of([] { compressor_codec("brotli"); }), "unknown codec"));
+  const DataType f4{DataTypeId::kFloat32};
+  EXPECT_TRUE(compressor_codec("none", f4).is_null());
+  EXPECT_EQ(compressor_codec("zstd:5", f4)["configuration"]["level"], 5);
+  EXPECT_TRUE(testing::contains(testing::error_of([&] { compressor_codec("brotli", f4); }),
+                                "unknown codec"));
 }
 
 TEST(SynthEra5, WritesStore) {
