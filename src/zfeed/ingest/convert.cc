@@ -21,6 +21,7 @@
 #include "zfeed/store/store.h"
 #include "zfeed/util/box_copy.h"
 #include "zfeed/util/error.h"
+#include "zfeed/util/paths.h"
 #include "zfeed/util/thread_pool.h"
 #include "zfeed/zarr/array.h"
 #include "zfeed/zarr/group.h"
@@ -736,7 +737,7 @@ ConvertResult convert(const ConvertOptions& options) {
   const std::string verb = options.rechunk ? "rechunk" : "convert";
   if (options.inputs.empty()) throw Error(verb + ": no input given");
   if (options.output.empty()) throw Error(verb + ": no output given");
-  if (options.output.find("://") != std::string::npos) {
+  if (!is_local_path(options.output)) {
     // Its progress record, resume and --overwrite work on a local directory.
     throw UnsupportedError(verb + ": the output \"" + options.output +
                            "\" is not a local directory path; write it locally, then upload it");
@@ -744,13 +745,11 @@ ConvertResult convert(const ConvertOptions& options) {
   if (options.max_memory == 0) throw Error("--max-memory must be positive");
   compressor_codec(options.codec, DataType{DataTypeId::kFloat32});  // fail early on a bad spec
   std::error_code ec;
-  const fs::path out_path(options.output);
+  const fs::path out_path(strip_file_scheme(options.output));
   // An input inside the output would be removed by --overwrite, or overwritten; an output
   // inside an input would overwrite part of it.
-  auto canonical = [&](std::string path) {
-    if (path.starts_with("file://")) path = path.substr(7);
-    fs::path p = fs::weakly_canonical(path, ec);
-    return p.has_filename() ? p : p.parent_path();
+  auto canonical = [&](const std::string& path) {
+    return without_trailing_separator(fs::weakly_canonical(strip_file_scheme(path), ec));
   };
   auto holds = [](const fs::path& outer, const fs::path& inner) {
     return std::mismatch(outer.begin(), outer.end(), inner.begin(), inner.end()).first ==
@@ -758,7 +757,7 @@ ConvertResult convert(const ConvertOptions& options) {
   };
   const fs::path out_canonical = canonical(options.output);
   for (const auto& input : options.inputs) {
-    if (input.find("://") != std::string::npos && !input.starts_with("file://")) continue;
+    if (!is_local_path(input)) continue;
     const fs::path in = canonical(input);
     if (holds(out_canonical, in)) {
       throw Error(options.output + ": the output is (or holds) the input " + input +
@@ -1171,14 +1170,13 @@ ConvertResult convert(const ConvertOptions& options) {
   Json arguments = Json::object();
   Json inputs = Json::array();
   for (const auto& input : options.inputs) {
-    if (input.find("://") != std::string::npos) {
+    if (!is_local_path(input)) {
       inputs.push_back(input);
       continue;
     }
-    // "./in.zarr/" is "in.zarr": a resumed run names its inputs as it likes.
-    fs::path path = fs::absolute(input).lexically_normal();
-    if (!path.has_filename()) path = path.parent_path();
-    inputs.push_back(path.string());
+    // "./in.zarr/" is "in.zarr", as is "file://$PWD/in.zarr": a resumed run names its inputs as
+    // it likes.
+    inputs.push_back(without_trailing_separator(fs::absolute(strip_file_scheme(input))).string());
   }
   arguments["verb"] = verb;
   arguments["inputs"] = inputs;

@@ -25,6 +25,17 @@ float expected_t(size_t global) {
   return global % 5 == 0 ? NAN : float((global * 3.0 - 100) * 0.5 + 200);
 }
 
+// Writes dir/in.nc with `steps` times (write_test_netcdf) and returns options converting it to
+// dir/`output`.
+ConvertOptions netcdf_conversion(const TempDir& dir, size_t steps,
+                                 const std::string& output = "out.zarr") {
+  zfeed::testing::write_test_netcdf(dir / "in.nc", steps);
+  ConvertOptions options;
+  options.inputs = {dir / "in.nc"};
+  options.output = dir / output;
+  return options;
+}
+
 std::vector<float> read_float(const std::string& store_path, const std::string& name) {
   auto array = zarr::Array::open(open_store(store_path), name);
   EXPECT_EQ(array.metadata().dtype.id, DataTypeId::kFloat32);
@@ -47,10 +58,7 @@ void expect_t_values(const std::vector<float>& values, size_t first_global = 0) 
 TEST(Convert, NetcdfToZarrV3) {
   ZFEED_REQUIRE_NETCDF();
   TempDir dir;
-  zfeed::testing::write_test_netcdf(dir / "in.nc", 4);
-  ConvertOptions options;
-  options.inputs = {dir / "in.nc"};
-  options.output = dir / "out.zarr";
+  ConvertOptions options = netcdf_conversion(dir, 4);
   options.chunks = {{"time", 1}, {"lat", 2}};
   ConvertResult result = convert(options);
   EXPECT_EQ(result.variables,
@@ -86,10 +94,7 @@ TEST(Convert, NetcdfToZarrV3) {
 TEST(Convert, RefusesToOverwriteWithoutTheFlag) {
   ZFEED_REQUIRE_NETCDF();
   TempDir dir;
-  zfeed::testing::write_test_netcdf(dir / "in.nc", 2);
-  ConvertOptions options;
-  options.inputs = {dir / "in.nc"};
-  options.output = dir / "out.zarr";
+  ConvertOptions options = netcdf_conversion(dir, 2);
   convert(options);
   EXPECT_CONTAINS(error_of([&] { convert(options); }), "--overwrite");
   options.overwrite = true;
@@ -107,10 +112,7 @@ TEST(Convert, RefusesToOverwriteWithoutTheFlag) {
 TEST(Convert, OverwriteKeepsTheOldStoreUntilTheNewOneIsComplete) {
   ZFEED_REQUIRE_NETCDF();
   TempDir dir;
-  zfeed::testing::write_test_netcdf(dir / "in.nc", 6);
-  ConvertOptions options;
-  options.inputs = {dir / "in.nc"};
-  options.output = dir / "out.zarr";
+  ConvertOptions options = netcdf_conversion(dir, 6);
   options.chunks = {{"time", 1}};
   options.codec = "none";
   convert(options);
@@ -165,10 +167,7 @@ TEST(Convert, OverwriteKeepsTheOldStoreUntilTheNewOneIsComplete) {
 TEST(Convert, ResumesAfterAnInterruptionAndEndsIdentical) {
   ZFEED_REQUIRE_NETCDF();
   TempDir dir;
-  zfeed::testing::write_test_netcdf(dir / "in.nc", 6);
-  ConvertOptions options;
-  options.inputs = {dir / "in.nc"};
-  options.output = dir / "whole.zarr";
+  ConvertOptions options = netcdf_conversion(dir, 6, "whole.zarr");
   options.chunks = {{"time", 1}};
   options.shards = {{"time", 2}};
   convert(options);
@@ -187,7 +186,9 @@ TEST(Convert, ResumesAfterAnInterruptionAndEndsIdentical) {
   other.codec = "gzip:6";
   EXPECT_CONTAINS(error_of([&] { convert(other); }), "unfinished conversion");
 
+  // The same output named as a file:// URL with a trailing separator resumes it.
   options.on_progress = nullptr;
+  options.output = "file://" + dir / "resumed.zarr/";
   ConvertResult result = convert(options);
   EXPECT_GE(result.units_resumed, 3u);
   EXPECT_LT(result.units_resumed, result.units_total);
@@ -201,10 +202,7 @@ TEST(Convert, ResumesAfterAnInterruptionAndEndsIdentical) {
 TEST(Convert, AMalformedProgressRecordIsAClearError) {
   ZFEED_REQUIRE_NETCDF();
   TempDir dir;
-  zfeed::testing::write_test_netcdf(dir / "in.nc", 2);
-  ConvertOptions options;
-  options.inputs = {dir / "in.nc"};
-  options.output = dir / "out.zarr";
+  ConvertOptions options = netcdf_conversion(dir, 2);
   std::filesystem::create_directories(dir / "out.zarr");
   for (const char* text : {R"({"arguments": {}, "done": {"t": [[3, 1]]}})",
                            R"({"arguments": {}, "plans": {"t": ["rows"]}})", R"([1, 2])"}) {
@@ -268,10 +266,7 @@ TEST(Convert, BadInputsAreClearErrors) {
 TEST(Convert, RechunksZarrStores) {
   ZFEED_REQUIRE_NETCDF();
   TempDir dir;
-  zfeed::testing::write_test_netcdf(dir / "in.nc", 5);
-  ConvertOptions options;
-  options.inputs = {dir / "in.nc"};
-  options.output = dir / "a.zarr";
+  ConvertOptions options = netcdf_conversion(dir, 5, "a.zarr");
   options.chunks = {{"time", 5}, {"lon", 3}};
   options.codec = "gzip:6";
   convert(options);

@@ -10,30 +10,16 @@
 #include <string>
 
 #include "zfeed/util/error.h"
+#include "zfeed/util/paths.h"
 
 namespace zfeed::ingest {
 namespace fs = std::filesystem;
 
 namespace {
 
-// The path without a trailing separator, so that its file name is the store's.
-fs::path named(const fs::path& output) {
-  fs::path path = output.lexically_normal();
-  return path.has_filename() ? path : path.parent_path();
-}
-
 fs::path sibling(const fs::path& output, const char* suffix) {
-  const fs::path path = named(output);
+  const fs::path path = without_trailing_separator(output);
   return path.parent_path() / ("." + path.filename().string() + suffix);
-}
-
-// The renames reach the disk before the old store goes.
-void sync_directory(const fs::path& directory) {
-  const int fd =
-      ::open(directory.empty() ? "." : directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return;
-  ::fsync(fd);
-  ::close(fd);
 }
 
 std::string errno_text(int error) { return std::strerror(error); }
@@ -43,12 +29,12 @@ std::string errno_text(int error) { return std::strerror(error); }
 fs::path replacement_path(const fs::path& output) { return sibling(output, ".zfeed-new"); }
 
 void swap_in_replacement(const fs::path& output, const fs::path& replacement) {
-  const fs::path path = named(output);
+  const fs::path path = without_trailing_separator(output);
   const fs::path old = sibling(output, ".zfeed-old");
   std::error_code ec;
   if (::renameat2(AT_FDCWD, replacement.c_str(), AT_FDCWD, path.c_str(), RENAME_EXCHANGE) == 0) {
-    sync_directory(path.parent_path());
-    fs::remove_all(replacement, ec);  // now the old store
+    sync_directory(path.parent_path());  // the swap reaches the disk before the old store goes
+    fs::remove_all(replacement, ec);     // now the old store
     return;
   }
   const int exchange_error = errno;
@@ -84,7 +70,7 @@ bool is_complete_store(const fs::path& directory) {
 }
 
 void finish_interrupted_swap(const fs::path& output) {
-  const fs::path path = named(output);
+  const fs::path path = without_trailing_separator(output);
   const fs::path old = sibling(output, ".zfeed-old");
   std::error_code ec;
   if (fs::exists(path, ec) || !fs::is_directory(old, ec)) return;

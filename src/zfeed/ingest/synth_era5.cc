@@ -12,6 +12,7 @@
 #include "zfeed/ingest/replace.h"
 #include "zfeed/ingest/synth_common.h"
 #include "zfeed/util/error.h"
+#include "zfeed/util/paths.h"
 #include "zfeed/util/thread_pool.h"
 #include "zfeed/zarr/array.h"
 #include "zfeed/zarr/group.h"
@@ -312,69 +313,33 @@ zarr::ArrayMetadata synth_array_metadata(std::vector<uint64_t> shape, DataType d
   return meta;
 }
 
+namespace {
+
+// Whether a progress record was written by a run of these arguments and plan.
+bool same_run(const std::optional<Json>& document, const Json& arguments, const Json& plan) {
+  return document && document->value("arguments", Json()) == arguments &&
+         ProgressRecord::recorded_plan(*document, "blocks") == plan;
+}
+
+}  // namespace
+
 SynthOutput::SynthOutput(const std::string& output, bool overwrite, const std::string& what,
-                         Json arguments, uint64_t blocks) {
-  const bool local = output.find("://") == std::string::npos || output.starts_with("file://");
-  if (local) {
-    output_path_ = output.starts_with("file://") ? output.substr(7) : output;
+                         Json arguments, uint64_t blocks)
+    : local_(is_local_path(output)) {
+  if (local_) {
+    output_path_ = strip_file_scheme(output);
     finish_interrupted_swap(output_path_);
   }
   store_ = open_store(output, /*create=*/true);
-  const std::string key(kSynthProgressKey);
-  const std::optional<Json> recorded = ProgressRecord::read(*store_, key);
   const Json plan = Json::array({blocks});
   std::optional<Json> previous;
-  auto same_run = [&](const std::optional<Json>& document) {
-    return document && document->value("arguments", Json()) == arguments &&
-           ProgressRecord::recorded_plan(*document, "blocks") == plan;
-  };
-  if (recorded) {
-    // An unfinished output: the same command resumes it; --overwrite starts it over.
-    if (same_run(recorded) && !overwrite) {
-      previous = recorded;
-    } else if (!overwrite) {
-      throw Error(store_->url() + ": holds an unfinished " + what + " with other arguments (" +
-                  recorded->value("arguments", Json()).dump() +
-                  "); run it again with those, or pass --overwrite");
-    } else {
-      store_->erase_prefix("");
-    }
+  if (const std::optional<Json> recorded =
+          ProgressRecord::read(*store_, std::string(kSynthProgressKey))) {
+    previous = continue_unfinished(*recorded, overwrite, what, arguments, plan);
   } else if (!store_->list("").empty()) {
-    if (!overwrite) {
-      std::string also;
-      if (local && std::filesystem::exists(replacement_path(output_path_))) {
-        also = " (an earlier --overwrite was cut short: its unfinished store " +
-               replacement_path(output_path_).string() + " resumes with --overwrite)";
-      }
-      throw Error(store_->url() +
-                  ": already exists and is not empty (pass --overwrite to replace it)" + also);
-    }
-    // --overwrite replaces a Zarr store, never a directory of other files.
-    bool zarr = false;
-    for (const char* marker : {"zarr.json", ".zgroup", ".zarray"})
-      zarr = zarr || store_->size(marker);
-    if (!zarr) {
-      throw Error(store_->url() +
-                  ": holds files and is not a Zarr store; refusing to replace it (give a new or "
-                  "empty directory)");
-    }
-    if (local) {
-      replacing_ = true;
-      write_path_ = replacement_path(output_path_);
-      FileStoreOptions options;
-      options.create = true;
-      store_ = make_file_store(write_path_.string(), options);
-      const std::optional<Json> earlier = ProgressRecord::read(*store_, key);
-      if (same_run(earlier)) {
-        previous = earlier;
-      } else {
-        store_->erase_prefix("");  // zfeed's own unfinished work: start over
-      }
-    } else {
-      store_->erase_prefix("");  // no rename on an object store
-    }
+    previous = make_way(overwrite, arguments, plan);
   }
-  record_.emplace(store_, key, what, std::move(arguments));
+  record_.emplace(store_, std::string(std::string(kSynthProgressKey)), what, std::move(arguments));
   if (previous) {
     resuming_ = true;
     record_->load(*previous, "blocks", plan);
@@ -382,6 +347,57 @@ SynthOutput::SynthOutput(const std::string& output, bool overwrite, const std::s
   }
   record_->set_plan("blocks", plan);
   record_->save();  // first: the output is marked incomplete before anything else is written
+}
+
+std::optional<Json> SynthOutput::continue_unfinished(const Json& recorded, bool overwrite,
+                                                     const std::string& what, const Json& arguments,
+                                                     const Json& plan) {
+  // An unfinished output: the same command resumes it; --overwrite starts it over.
+  if (overwrite) {
+    store_->erase_prefix("");
+    return std::nullopt;
+  }
+  if (!same_run(recorded, arguments, plan)) {
+    throw Error(store_->url() + ": holds an unfinished " + what + " with other arguments (" +
+                recorded.value("arguments", Json()).dump() +
+                "); run it again with those, or pass --overwrite");
+  }
+  return recorded;
+}
+
+std::optional<Json> SynthOutput::make_way(bool overwrite, const Json& arguments, const Json& plan) {
+  if (!overwrite) {
+    std::string also;
+    if (local_ && std::filesystem::exists(replacement_path(output_path_))) {
+      also = " (an earlier --overwrite was cut short: its unfinished store " +
+             replacement_path(output_path_).string() + " resumes with --overwrite)";
+    }
+    throw Error(store_->url() +
+                ": already exists and is not empty (pass --overwrite to replace it)" + also);
+  }
+  // --overwrite replaces a Zarr store, never a directory of other files.
+  bool zarr = false;
+  for (const char* marker : {"zarr.json", ".zgroup", ".zarray"})
+    zarr = zarr || store_->size(marker);
+  if (!zarr) {
+    throw Error(store_->url() +
+                ": holds files and is not a Zarr store; refusing to replace it (give a new or "
+                "empty directory)");
+  }
+  if (!local_) {
+    store_->erase_prefix("");  // no rename on an object store
+    return std::nullopt;
+  }
+  // Written beside the old store, which stays whole until finish() swaps the new one in.
+  replacing_ = true;
+  write_path_ = replacement_path(output_path_);
+  FileStoreOptions options;
+  options.create = true;
+  store_ = make_file_store(write_path_.string(), options);
+  std::optional<Json> earlier = ProgressRecord::read(*store_, std::string(kSynthProgressKey));
+  if (same_run(earlier, arguments, plan)) return earlier;
+  store_->erase_prefix("");  // zfeed's own unfinished work, of other arguments: start over
+  return std::nullopt;
 }
 
 zarr::Array SynthOutput::create_array(const std::string& name, zarr::ArrayMetadata metadata) {

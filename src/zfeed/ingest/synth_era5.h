@@ -149,6 +149,16 @@ class SynthOutput {
   void finish(const Json& attributes);
 
  private:
+  // The record an unfinished output holds: the one to resume, or none (--overwrite erased it);
+  // other arguments are refused.
+  std::optional<Json> continue_unfinished(const Json& recorded, bool overwrite,
+                                          const std::string& what, const Json& arguments,
+                                          const Json& plan);
+  // An existing store without a record: refused without --overwrite; else the record of an
+  // earlier, interrupted replacement to resume, or none.
+  std::optional<Json> make_way(bool overwrite, const Json& arguments, const Json& plan);
+
+  bool local_;
   std::filesystem::path output_path_, write_path_;
   bool replacing_ = false, resuming_ = false;
   std::shared_ptr<Store> store_;

@@ -20,6 +20,7 @@
 #include "zfeed/store/store.h"
 #include "zfeed/util/error.h"
 #include "zfeed/util/io_counters.h"
+#include "zfeed/util/paths.h"
 #include "zfeed/util/scratch.h"
 
 namespace zfeed {
@@ -226,10 +227,7 @@ class FileStore final : public Store {
     if (options_.sync && ::fsync(fd.get()) != 0) discard("fsync failed: " + errno_text(errno));
     if (::close(fd.release()) != 0) discard("close failed: " + errno_text(errno));
     if (::rename(temp.c_str(), path.c_str()) != 0) discard("rename failed: " + errno_text(errno));
-    if (options_.sync) {
-      FileDescriptor dir(::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-      if (dir.get() >= 0) ::fsync(dir.get());
-    }
+    if (options_.sync) sync_directory(directory);
   }
 
   void erase(std::string_view key) override {

@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include "zfeed/util/error.h"
+#include "zfeed/util/paths.h"
 
 namespace zfeed {
 
@@ -101,11 +102,6 @@ std::optional<Json> read_stage_record(const Store& store) {
 }
 
 namespace {
-
-// "file:///x" as the path `zfeed stage` takes.
-std::string local_path_of(const std::string& url) {
-  return url.starts_with("file://") ? url.substr(7) : url;
-}
 
 StagedTimeRange parse_partial(const Json& record, const std::string& where) {
   try {
@@ -245,7 +241,7 @@ std::shared_ptr<Store> open_staged_copy(std::shared_ptr<Store> directory, const 
   if (!found) return directory;
   const auto& [record, key_prefix] = *found;
   const std::string source = record.value("source", std::string("?"));
-  const std::string copy_root = local_path_of(directory->url());
+  const std::string copy_root = strip_file_scheme(directory->url());
   if (!record.value("complete", false)) {
     std::string copy = copy_root;
     if (!key_prefix.empty()) copy.resize(copy.size() - std::min(copy.size(), key_prefix.size()));
