@@ -92,6 +92,8 @@ def test_info_json(v3_sharded, v2_store):
     assert t["objects_present"] == t["objects_total"] == 4
     z = {m["name"]: m for m in members["levels"]["members"]}["z"]
     assert z["objects_present"] == 1 and z["objects_total"] == 2
+    # The ratio of what is stored: half the array's decoded size against the one chunk's bytes.
+    assert z["compression_ratio"] == pytest.approx(z["decoded_bytes"] / 2 / z["stored_bytes"])
 
     v2 = json.loads(run("info", "--json", v2_store).stdout)
     assert v2["zarr_format"] == 2 and v2["members"][0]["dimension_names"] == ["y", "x"]
@@ -167,6 +169,12 @@ def test_convert_stats_and_stage_refuse_what_would_go_wrong(tmp_path):
         result = run("stage", source, destination, ok=False)
         assert result.returncode != 0 and "lies inside the source" in result.stderr
     assert not list(source.rglob(".zfeed-stage.lock"))
+    # A mistyped source is no complete copy of nothing; --time-dim alone would be ignored.
+    result = run("stage", tmp_path / "typo.zarr", tmp_path / "copy", ok=False)
+    assert result.returncode != 0 and "no Zarr store there to stage" in result.stderr
+    assert result.stderr.startswith("zfeed: error:") and not (tmp_path / "copy").exists()
+    result = run("stage", source, tmp_path / "copy", "--time-dim", "valid_time", ok=False)
+    assert result.returncode != 0 and "--time-dim requires --time" in result.stderr
     # A trailing slash names the same input to a resumed rechunk.
     import os
     env_stop = dict(os.environ, ZFEED_CONVERT_STOP_AFTER="1")
@@ -176,3 +184,15 @@ def test_convert_stats_and_stage_refuse_what_would_go_wrong(tmp_path):
     # Stray files beside the chunks are no chunks.
     (source / "t2m" / ".DS_Store").write_text("x")
     assert "(4 of 4 chunks stored)" in run("info", source / "t2m").stdout
+
+
+def test_version_is_the_packages_and_says_what_the_build_holds():
+    import importlib.metadata
+
+    version = importlib.metadata.version("zfeed")
+    assert zfeed.__version__ == version
+    out = run("--version").stdout.splitlines()
+    assert out[0] == f"zfeed {version}"
+    info = zfeed.build_info()
+    for name, key in (("netCDF", "netcdf"), ("GRIB", "grib"), ("CUDA", "cuda"), ("nvCOMP", "nvcomp")):
+        assert f"{name} {'yes' if info[key] else 'no'}" in out[1]

@@ -74,4 +74,4 @@ __all__ = [
     "open_group",
     "stage",
 ]
-__version__ = "0.1.0"
+__version__ = build_info()["version"]  # pyproject.toml's, compiled into the library

@@ -303,6 +303,7 @@ NB_MODULE(_core, m) {
   // whether CUDA and nvCOMP were compiled in (cuda_status() says whether a GPU is usable here).
   m.def("build_info", [] {
     nb::dict out;
+    out["version"] = ZFEED_VERSION;
     const auto netcdf = zfeed::ingest::netcdf_support();
     const auto grib = zfeed::ingest::grib_support();
     out["netcdf"] = netcdf.available;

@@ -105,13 +105,21 @@ std::string join(const std::vector<std::string>& items) {
   return text;
 }
 
-// Rounded up, so that a size printed as enough is enough: "48MiB", "600KiB".
-std::string mib(uint64_t bytes) {
+// A size in B, KiB or MiB. A need is rounded up, so that a size printed as enough is enough
+// ("48MiB", "600KiB"); a budget down, so that one printed as too small is ("100B").
+enum class Round { kUp, kDown };
+std::string memory_size(uint64_t bytes, Round round) {
+  auto in = [&](double unit) {
+    const double value = double(bytes) / unit;
+    return round == Round::kUp ? std::ceil(value) : std::floor(value);
+  };
   char text[32];
-  if (bytes < (1 << 20)) {
-    std::snprintf(text, sizeof text, "%.0fKiB", std::ceil(double(bytes) / double(1 << 10)));
+  if (bytes < (1 << 10)) {
+    std::snprintf(text, sizeof text, "%lluB", static_cast<unsigned long long>(bytes));
+  } else if (bytes < (1 << 20)) {
+    std::snprintf(text, sizeof text, "%.0fKiB", in(1 << 10));
   } else {
-    std::snprintf(text, sizeof text, "%.0fMiB", std::ceil(double(bytes) / double(1 << 20)));
+    std::snprintf(text, sizeof text, "%.0fMiB", in(1 << 20));
   }
   return text;
 }
@@ -487,10 +495,11 @@ void plan_units(Output& output, uint64_t budget, size_t threads) {
       return;
     }
   }
-  throw Error(output.name + ": --max-memory " + mib(budget) +
+  throw Error(output.name + ": --max-memory " + memory_size(budget, Round::kDown) +
               " is too small: one chunk (or shard) of " + output.name +
               " with the working buffers of " + std::to_string(threads) + " threads needs " +
-              mib(need) + "; give --max-memory " + mib(need) +
+              memory_size(need, Round::kUp) + "; give --max-memory " +
+              memory_size(need, Round::kUp) +
               " or more (or fewer --threads, or smaller --chunks/--shards)");
 }
 

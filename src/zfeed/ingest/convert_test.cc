@@ -570,6 +570,11 @@ TEST(Rechunk, StaysWithinTheMemoryBudget) {
   EXPECT_CONTAINS(error, "--max-memory 64KiB is too small");
   EXPECT_CONTAINS(error, "give --max-memory");
   EXPECT_FALSE(std::filesystem::exists(dir / "none.zarr"));
+  // A budget is never printed larger than it is (100 bytes were "1KiB").
+  options.max_memory = 100;
+  EXPECT_CONTAINS(error_of([&] { rechunk(options); }), "--max-memory 100B is too small");
+  options.max_memory = (64 << 10) + 1000;
+  EXPECT_CONTAINS(error_of([&] { rechunk(options); }), "--max-memory 64KiB is too small");
 }
 
 TEST(Rechunk, ResumesAfterAnInterruptionAndEndsIdentical) {

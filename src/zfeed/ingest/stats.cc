@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "zfeed/store/staged_copy.h"
 #include "zfeed/util/error.h"
 #include "zfeed/util/thread_pool.h"
 #include "zfeed/zarr/cf.h"
@@ -353,9 +354,20 @@ std::vector<ArrayStats> compute_store_stats(const std::string& path, const Stats
       if (a.second.metadata().rank() >= 2 || !group) chosen.push_back(a);
     }
   }
+  // A partial staged copy holds some time steps of the arrays along time: those are the default
+  // range there (a range past them is refused by the copy's reads, naming what it holds).
+  const std::optional<StagedTimeRange> held = staged_time_range(*store);
   std::vector<ArrayStats> results;
   for (auto& [name, array] : chosen) {
-    results.push_back(compute_array_stats(array, name, options));
+    StatsOptions array_options = options;
+    const bool along_held_time =
+        held && std::any_of(held->arrays.begin(), held->arrays.end(),
+                            [&](const StagedTimeChunks& a) { return a.path == array.path(); });
+    if (along_held_time && !options.time_start && !options.time_stop) {
+      array_options.time_start = int64_t(held->start);
+      array_options.time_stop = int64_t(held->stop);
+    }
+    results.push_back(compute_array_stats(array, name, array_options));
     if (options.write_attributes) {
       Json attributes = array.metadata().attributes;
       attributes["zfeed_stats"] = results.back().to_json();

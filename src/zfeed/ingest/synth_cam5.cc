@@ -504,7 +504,7 @@ void write_cam5_synth(const Cam5SynthOptions& options) {
   const Json compressor = compressor_codec(options.codec, DataType{DataTypeId::kFloat32});
 
   // One time step per chunk over the whole grid, optionally in shards of N steps.
-  const uint64_t block = options.shard_times ? options.shard_times : 1;
+  const uint64_t block = synth_block_steps(options);
   const size_t blocks = size_t((options.times + block - 1) / block);
   Json arguments = synth_arguments("cam5", options);
   arguments["stack"] = options.stack;

@@ -510,7 +510,7 @@ void write_era5_synth(const SynthOptions& options) {
       synth_hours(options.times, options.start_hours, options.step_hours, "synth era5");
   const Json compressor = compressor_codec(options.codec, DataType{DataTypeId::kFloat32});
 
-  const uint64_t block = options.shard_times ? options.shard_times : 1;
+  const uint64_t block = synth_block_steps(options);
   const size_t blocks = size_t((options.times + block - 1) / block);
   Json arguments = synth_arguments("era5", options);
   arguments["variables"] = variables;

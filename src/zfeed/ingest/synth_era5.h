@@ -5,6 +5,7 @@
 // (seed, grid, time), so steps are generated independently (in parallel) and reproducibly.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -108,6 +109,14 @@ zarr::ArrayMetadata synth_array_metadata(std::vector<uint64_t> shape, DataType d
                                          std::optional<std::vector<uint64_t>> shard,
                                          const Json& compressor, std::vector<std::string> dims,
                                          Json attributes);
+
+// The time steps each block (shard, or chunk where unsharded) of either synthesizer holds: a
+// shard is never longer than the steps there are.
+template <class Options>
+uint64_t synth_block_steps(const Options& options) {
+  if (!options.shard_times) return 1;
+  return std::max<uint64_t>(1, std::min<uint64_t>(options.shard_times, options.times));
+}
 
 // What a resumed run of either synthesizer must repeat, of the options both take (`kind`: "era5").
 template <class Options>

@@ -173,6 +173,11 @@ TEST(SynthEra5, WritesStore) {
   write_era5_synth(options);
   EXPECT_EQ(zarr::Group::open(store, "").members(),
             (std::vector<std::string>{"latitude", "longitude", "q500", "time"}));
+  // A shard longer than the steps there are holds them all.
+  options.shard_times = 100;
+  write_era5_synth(options);
+  EXPECT_EQ(zarr::Array::open(store, "q500").metadata().chunk_shape,
+            (std::vector<uint64_t>{5, 8, 16}));
   // --overwrite replaces a Zarr store, never a directory of someone's files.
   const std::string other = (dir / "thesis").string();
   std::filesystem::create_directories(other + "/photos");

@@ -34,6 +34,15 @@ bool is_time_dimension(const std::optional<std::string>& name) {
   return name && (*name == "time" || *name == "valid_time" || *name == "t");
 }
 
+// Decoded over stored size of the chunks (or shards) that are stored: an array written in part
+// compares its present part, not the whole array's decoded size. 0 where nothing is known.
+double compression_ratio(uint64_t decoded, const zarr::StorageInfo& storage) {
+  if (!storage.known || storage.stored_bytes == 0 || storage.objects_total == 0) return 0;
+  const double present =
+      double(decoded) * double(storage.objects_present) / double(storage.objects_total);
+  return present / double(storage.stored_bytes);
+}
+
 std::string ratio_text(double ratio) {
   char text[32];
   std::snprintf(text, sizeof text, "%.2fx", ratio);
@@ -152,12 +161,8 @@ Json advise(const zarr::Array& array, const zarr::StorageInfo& storage) {
     }
   }
 #endif
-  if (storage.objects_present > 0 && storage.stored_bytes > 0 && storage.objects_total > 0 &&
-      compresses(sharded ? array.codecs().sharding()->inner() : array.codecs())) {
-    // Compare with the decoded size of the objects that are present only.
-    double present =
-        double(decoded) * double(storage.objects_present) / double(storage.objects_total);
-    double ratio = present / double(storage.stored_bytes);
+  if (const double ratio = compression_ratio(decoded, storage);
+      ratio > 0 && compresses(sharded ? array.codecs().sharding()->inner() : array.codecs())) {
     if (ratio < kMinUsefulRatio) {
       add("compression", "compression saves little (ratio " + ratio_text(ratio) +
                              ") yet every read pays for decompression: store it uncompressed "
@@ -212,8 +217,8 @@ Json describe_array(const zarr::Array& array, const std::string& name) {
   json["stored_bytes"] = storage.known ? Json(storage.stored_bytes) : Json(nullptr);
   json["objects_present"] = storage.known ? Json(storage.objects_present) : Json(nullptr);
   json["objects_total"] = storage.objects_total;
-  json["compression_ratio"] =
-      storage.stored_bytes ? Json(double(decoded) / double(storage.stored_bytes)) : Json(nullptr);
+  const double ratio = compression_ratio(decoded, storage);
+  json["compression_ratio"] = ratio > 0 ? Json(ratio) : Json(nullptr);
   json["attributes"] = meta.attributes;
 #if ZFEED_HAVE_CUDA
   const cuda::GpuDecodePlan plan = cuda::gpu_decode_plan(array);
@@ -282,10 +287,8 @@ void print_node(const Json& node, std::ostream& out, const std::string& indent, 
   }
   double stored = node["stored_bytes"].get<double>();
   out << detail << "stored " << human_bytes(stored) << " of " << human_bytes(decoded) << " decoded";
-  if (stored > 0) {
-    char ratio[32];
-    std::snprintf(ratio, sizeof ratio, "%.2fx", decoded / stored);
-    out << ", ratio " << ratio;
+  if (node["compression_ratio"].is_number()) {
+    out << ", ratio " << ratio_text(node["compression_ratio"].get<double>());
   }
   out << "  (" << node["objects_present"] << " of " << node["objects_total"]
       << (node["shard_shape"].is_null() ? " chunks" : " shards") << " stored)\n";

@@ -2,6 +2,7 @@
 #include <CLI/CLI.hpp>
 #include <iostream>
 
+#include "zfeed/ingest/source.h"
 #include "zfeed/tools/convert.h"
 #include "zfeed/tools/info.h"
 #include "zfeed/tools/python_verb.h"
@@ -11,8 +12,35 @@
 #include "zfeed/tools/synth.h"
 #include "zfeed/util/error.h"
 
+namespace {
+
+// "zfeed 0.1.0" and what the build holds, for bug reports.
+std::string version_text() {
+  std::string text = std::string("zfeed ") + ZFEED_VERSION + "\nbuilt with:";
+  auto feature = [&](const char* name, bool present) {
+    text += std::string(" ") + name + (present ? " yes," : " no,");
+  };
+  feature("netCDF", zfeed::ingest::netcdf_support().available);
+  feature("GRIB", zfeed::ingest::grib_support().available);
+#ifdef ZFEED_HAVE_CUDA
+  feature("CUDA", true);
+#else
+  feature("CUDA", false);
+#endif
+#ifdef ZFEED_HAVE_NVCOMP
+  feature("nvCOMP", true);
+#else
+  feature("nvCOMP", false);
+#endif
+  text.pop_back();  // the last comma
+  return text;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   CLI::App app{"zfeed: feed Zarr weather and climate data to model training"};
+  app.set_version_flag("--version", version_text());
   app.require_subcommand(1);
 
   auto* info =

@@ -1,5 +1,7 @@
 #include "zfeed/tools/stage.h"
 
+#include <unistd.h>
+
 #include <charconv>
 #include <cstdio>
 #include <iostream>
@@ -42,13 +44,20 @@ std::string seconds_text(double seconds) {
   return text;
 }
 
-int run_stage(const StageArgs& args) {
+// `progress_line_open`: set while a progress line on a terminal waits for its end (an error
+// then starts on a line of its own).
+int run_stage(const StageArgs& args, bool& progress_line_open) {
   zarr::StageOptions options;
   options.threads = args.threads;
   if (!args.time.empty()) options.time_range = parse_time_range(args.time);
   options.time_dim = args.time_dim;
   if (!args.quiet) {
-    options.progress = zarr::stage_progress_printer("stage");
+    const bool terminal = ::isatty(STDERR_FILENO) == 1;
+    options.progress = [print = zarr::stage_progress_printer("stage"), terminal,
+                        &progress_line_open](const zarr::StageProgress& p) {
+      print(p);  // on a terminal, rewrites one line until the last
+      progress_line_open = terminal && p.keys_done != p.keys_total;
+    };
   }
   const zarr::StageResult result = zarr::stage(open_store(args.source), args.destination, options);
   const std::string steps =
@@ -83,18 +92,21 @@ void add_stage_command(CLI::App& app) {
                   "reads in flight (default: ZFEED_IO_THREADS for a remote store, one per core "
                   "for a local one)")
       ->check(CLI::Range(1, 4096));
-  cmd->add_option("--time", args->time,
-                  "START:STOP: only these time steps of the arrays along time (the chunks that "
-                  "hold them), the rest whole; the copy refuses reads of the chunks left out");
-  cmd->add_option("--time-dim", args->time_dim,
-                  "the time dimension's name, for --time (default: time)");
+  auto* time =
+      cmd->add_option("--time", args->time,
+                      "START:STOP: only these time steps of the arrays along time (the chunks that "
+                      "hold them), the rest whole; the copy refuses reads of the chunks left out");
+  auto* time_dim = cmd->add_option("--time-dim", args->time_dim,
+                                   "the time dimension's name, for --time (default: time)");
+  time_dim->needs(time);
   cmd->add_flag("--quiet,-q", args->quiet, "no progress line");
   cmd->callback([args] {
     int status = 1;
+    bool progress_line_open = false;
     try {
-      status = run_stage(*args);
+      status = run_stage(*args, progress_line_open);
     } catch (const std::exception& e) {
-      std::cerr << "\nzfeed: error: " << e.what() << "\n";
+      std::cerr << (progress_line_open ? "\n" : "") << "zfeed: error: " << e.what() << "\n";
     }
     if (status != 0) throw CLI::RuntimeError(status);
   });

@@ -370,8 +370,19 @@ void check_local_destination(const std::string& destination_path) {
 
 // A copy into its own source, or around it, would write into what it reads: refused before
 // anything (the lock file first) is made there.
+// The key of the source's root metadata (zarr.json, .zgroup or .zarray). A source without one
+// is refused: a mistyped path or prefix would otherwise stage as a complete copy of nothing.
+std::string root_metadata_key(const Store& source) {
+  for (const char* key : {"zarr.json", ".zgroup", ".zarray"}) {
+    if (source.size(key)) return key;
+  }
+  throw NotFoundError(source.url() +
+                      ": no Zarr store there to stage (no zarr.json, .zgroup or .zarray at its "
+                      "root)");
+}
+
 void check_apart(const Store& source, const std::string& destination_path) {
-  const auto marker = source.local_path("zarr.json");
+  const auto marker = source.local_path(root_metadata_key(source));
   if (!marker) return;
   std::error_code ec;
   const fs::path from = fs::weakly_canonical(fs::path(*marker).parent_path(), ec);

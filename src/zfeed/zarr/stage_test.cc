@@ -13,6 +13,7 @@
 #include <numeric>
 #include <thread>
 
+#include "zfeed/ingest/stats.h"
 #include "zfeed/store/http_testing.h"
 #include "zfeed/util/error.h"
 #include "zfeed/util/fork_gate.h"
@@ -175,6 +176,22 @@ TEST(Stage, RefusesDestinationsThatHoldSomethingElse) {
                   "the destination holds a copy of s3://elsewhere/x.zarr");
   EXPECT_CONTAINS(error_of<UnsupportedError>([&] { stage(source, "s3://bucket/x"); }),
                   "is not a local directory path");
+}
+
+TEST(Stage, RefusesASourceThatIsNoZarrStoreAndLeavesNoCopy) {
+  TempDir dir;
+  const std::string destination = dir.path() + "/copy";
+  // A mistyped path staged as a complete copy of nothing.
+  EXPECT_CONTAINS(error_of<NotFoundError>(
+                      [&] { stage(open_store(dir.path() + "/no-such.zarr"), destination); }),
+                  "no-such.zarr: no Zarr store there to stage (no zarr.json, .zgroup or .zarray");
+  EXPECT_CONTAINS(error_of<NotFoundError>([&] { stage(make_memory_store(), destination); }),
+                  "no Zarr store there to stage");
+  auto files = make_memory_store();
+  files->set("notes.txt", as_bytes("mine"));
+  EXPECT_CONTAINS(error_of<NotFoundError>([&] { stage(files, destination); }),
+                  "no Zarr store there to stage");
+  EXPECT_FALSE(std::filesystem::exists(destination));
 }
 
 TEST(Stage, ProcessesStagingOneDestinationAtOnceShareOneCopy) {
@@ -412,6 +429,36 @@ TEST(Stage, APartialCopyHoldsTheTimeChunksOfItsRange) {
   EXPECT_EQ(held->start, 3u);
   EXPECT_EQ(held->stop, 7u);
   EXPECT_FALSE(staged_time_range(*open_store(dir.path())));  // no record: no staged copy
+}
+
+TEST(Stage, StatisticsOfAPartialCopyDefaultToTheStepsItHolds) {
+  auto source = timed_hierarchy();
+  TempDir dir;
+  const std::string destination = dir.path() + "/part";
+  StageOptions options;
+  options.time_range = {{3, 7}};
+  stage(source, destination, options);
+  ingest::StatsOptions stats_options;
+  stats_options.variables = {"t2m", "lsm"};
+  stats_options.write_attributes = false;
+  const auto stats = ingest::compute_store_stats(destination, stats_options);
+  ASSERT_EQ(stats.size(), 2u);
+  EXPECT_EQ(stats[0].time_start, 3u);  // t2m: the copy's steps, not the whole axis it lacks
+  EXPECT_EQ(stats[0].time_stop, 7u);
+  const Json expected = ingest::compute_array_stats(Array::open(source, "t2m"), "t2m",
+                                                    [] {
+                                                      ingest::StatsOptions steps;
+                                                      steps.time_start = 3;
+                                                      steps.time_stop = 7;
+                                                      return steps;
+                                                    }())
+                            .to_json();
+  EXPECT_EQ(stats[0].to_json(), expected);
+  EXPECT_EQ(stats[1].to_json(),  // lsm: no time axis, copied whole
+            ingest::compute_array_stats(Array::open(source, "lsm"), "lsm", {}).to_json());
+  stats_options.time_start = 0;  // a range past the copy's steps is refused, naming them
+  EXPECT_CONTAINS(error_of<Error>([&] { ingest::compute_store_stats(destination, stats_options); }),
+                  "which holds time steps [3, 7)");
 }
 
 TEST(Stage, APartialCopyServesItsOwnRangeOnly) {
