@@ -409,6 +409,33 @@ def test_a_loader_stages_in_the_background_while_it_serves_batches(s3, tmp_path,
     assert again.staged["already_complete"] is True
 
 
+def test_a_background_copy_that_fails_leaves_the_loader_reading_the_source(tmp_path, capfd):
+    """A copy in the background that cannot write (here a file stands where the copy's t2m
+    directory goes, as a full disk would fail it) warns, says why in ``staged``, and the loader
+    serves every batch from the source."""
+    import json
+
+    local = tmp_path / "era5.zarr"
+    _era5_like(local)
+    destination = tmp_path / "node-local"
+    destination.mkdir()
+    (destination / ".zfeed-stage.json").write_text(
+        json.dumps({"source": f"file://{local}", "complete": False}))
+    (destination / "t2m").write_text("in the way")
+    kwargs = dict(inputs=["t2m", "u500"], targets=["z500"], batch_size=2, seed=5)
+    staging = zfeed.Loader(local, stage=destination, stage_in_background=True, stage_progress=False,
+                           **kwargs)
+    direct = zfeed.Loader(local, **kwargs)
+    for _ in range(2):  # the epoch in which the copy fails, and the next
+        got, want = _batches(staging), _batches(direct)
+        assert len(got) == len(want) > 0
+        assert all(np.array_equal(a[k], b[k]) for a, b in zip(got, want) for k in a)
+    failed = staging.staged
+    assert failed["running"] is False and "in the background failed" in failed["failed"], failed
+    assert "reading from the source instead" in failed["failed"]
+    assert "zfeed: warning: loader: staging" in capfd.readouterr().err
+
+
 def test_ctrl_c_stops_a_stage_waiting_for_another_process(tmp_path):
     """zfeed.stage waits while another process of the node holds the copy's lock; Ctrl-C (SIGINT)
     ends that wait with KeyboardInterrupt, as it would a copy under way."""

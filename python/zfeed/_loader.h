@@ -73,6 +73,9 @@ inline std::string staged_json(const zfeed::loader::Loader& loader) {
                        {"seconds", progress->seconds}}
         .dump();
   }
+  if (const auto failure = loader.staging_failure()) {
+    return zfeed::Json{{"running", false}, {"failed", *failure}}.dump();
+  }
   const auto staged = loader.staged();
   if (!staged) return "null";
   zfeed::Json out = {{"keys", staged->keys},

@@ -259,8 +259,9 @@ class Loader:
     once, read from the source and from what the copy holds already (the first epoch then runs
     at the source's speed, and no rank waits for its node's copy, which on a cluster could
     outlast the process group's timeout); the epochs that start once the copy is done read the
-    copy alone. ``staged`` shows the copy's progress meanwhile; a copy that fails ends the
-    iteration with its error.
+    copy alone. ``staged`` shows the copy's progress meanwhile; a copy that fails (a node's disk
+    full, a source that drops a connection) leaves the loader reading from the source as it did
+    while the copy ran, with a warning on stderr and the error in ``staged["failed"]``.
     ``partition``: "global" (every rank draws from all samples) or "node": the samples split into
     one contiguous block of equal count per node (the remainder left out), the ranks of a node
     sharing their node's block, shuffled within it each epoch; with ``stage`` each node copies
@@ -410,7 +411,8 @@ class Loader:
         """With ``stage``: keys, copied, present, missing, bytes_copied, seconds,
         already_complete, time_range (the steps copied, or None for the whole store) and
         running (False); while a copy runs in the background (``stage_in_background``):
-        running (True), keys_done, keys, bytes_copied and seconds so far; else None."""
+        running (True), keys_done, keys, bytes_copied and seconds so far; where that copy
+        failed, running (False) and failed (the error; the loader reads the source); else None."""
         return json.loads(self._core.staged_json())
 
     @property

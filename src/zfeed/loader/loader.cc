@@ -1957,17 +1957,33 @@ void Loader::start_background_stage(zarr::StageOptions options) {
 
 void Loader::check_background_stage(bool idle) {
   if (!background_) return;
+  std::optional<std::string> failure;
   {
     std::lock_guard lock(background_->mutex);
     if (!background_->done) return;
     if (background_->error) {
       try {
         std::rethrow_exception(background_->error);
+      } catch (const std::exception& e) {
+        failure = e.what();
       } catch (...) {
-        rethrow_with_context("loader: staging " + background_->source->url() + " to " +
-                             spec_.stage_dir + " in the background failed");
+        failure = "an unknown error";
       }
     }
+  }
+  if (failure) {
+    // Training goes on: the reads through to the source serve every value as they did while
+    // the copy ran (a node's disk filling up should not end a run whose data is reachable).
+    // The next loader staging there goes on from what the copy holds.
+    const std::string message = "loader: staging " + background_->source->url() + " to " +
+                                spec_.stage_dir + " in the background failed: " + *failure +
+                                "; reading from the source instead";
+    std::fprintf(stderr, "zfeed: warning: %s\n", message.c_str());
+    background_->end();
+    std::lock_guard lock(staged_mutex_);
+    staging_failure_ = message;
+    background_.reset();
+    return;
   }
   if (!idle) return;
   // Done: from now on the copy alone (local files, read on the cores' pool).
@@ -1986,6 +2002,11 @@ std::optional<zarr::StageResult> Loader::staged() const {
   if (!background_) return staged_;
   std::lock_guard lock(background_->mutex);
   return background_->result;  // set once the copy is done
+}
+
+std::optional<std::string> Loader::staging_failure() const {
+  std::lock_guard guard(staged_mutex_);
+  return staging_failure_;
 }
 
 std::optional<zarr::StageProgress> Loader::staging_progress() const {

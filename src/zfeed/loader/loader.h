@@ -339,6 +339,9 @@ class Loader {
   // Where a copy runs in the background (LoaderSpec::stage_in_background): how far it is; nullopt
   // once it is done (staged() says what it did) and where none runs.
   std::optional<zarr::StageProgress> staging_progress() const;
+  // Why a copy in the background failed, where one did: the loader reads from the source (and
+  // the values the copy holds) from then on, as it did while the copy ran.
+  std::optional<std::string> staging_failure() const;
 
   // The crop origin (lat_start, lon_start) of the sample at `time` in `epoch`.
   std::array<uint64_t, 2> crop_origin(uint64_t epoch, uint64_t time) const;
@@ -464,9 +467,11 @@ class Loader {
   // The time steps a partial staged copy read as the store holds (store/staged_copy.h).
   std::optional<StagedTimeRange> store_holds_;
   std::optional<zarr::StageResult> staged_;
+  std::optional<std::string> staging_failure_;
   std::vector<std::string> array_names_;  // per array: its path in spec_.path's group
   std::unique_ptr<BackgroundStage> background_;
-  // Guards staged_ and background_ (not what it points to) for staged() and staging_progress(),
+  // Guards staged_, staging_failure_ and background_ (not what it points to) for staged(),
+  // staging_failure() and staging_progress(),
   // which another thread may ask while next() swaps in the finished copy.
   mutable std::mutex staged_mutex_;
   std::vector<uint64_t> leads_;  // spec_.leads, else {spec_.lead}
