@@ -215,6 +215,48 @@ def test_checkpoints_of_another_recipe_or_other_options_are_refused(tmp_path):
     common.check_checkpoint_settings("c.pt", state, "forecast", {**settings, "--new": 1})
 
 
+def test_statistics_are_compared_variable_by_variable():
+    """A dict setting (the normalization statistics) is refused naming the option and only the
+    variables whose values differ, written exactly."""
+    saved = {"--stats": common.statistics_setting({"t2m": (280.5, 5.25), "u500": (0.0, 12.0)}), "--lr": 0.001}
+    state = {"task": "forecast", "settings": saved}
+    common.check_checkpoint_settings("c.pt", state, "forecast", dict(saved))
+    now = {**saved, "--stats": common.statistics_setting({"t2m": (280.5, 5.250000001), "u500": (0.0, 12.0)})}
+    with pytest.raises(SystemExit, match=r"^c\.pt was written with --stats t2m: mean 280\.5, std 5\.25 \(this run: "
+                                         r"mean 280\.5, std 5\.250000001\): resume with the options"):
+        common.check_checkpoint_settings("c.pt", state, "forecast", now)
+
+
+def _steps(seconds, samples, item_bytes=100):
+    return {"seconds": list(seconds), "samples": list(samples), "bytes": [n * item_bytes for n in samples],
+            "wait": [s / 10 for s in seconds]}
+
+
+def test_throughput_is_the_jobs_summed_over_the_ranks():
+    """Under torchrun samples/s, MB/s and FLOP/s are the job's: per step, each rank's rate summed
+    (here rank 1 runs at half rank 0's speed in two steps); rank 0's own rate is kept beside them,
+    and the table says which it is."""
+    result = common.RunResult(source="zfeed", mode="real", steps=4, samples=16, flops_per_sample=10.0)
+    result.steps_by_rank = [_steps([9.0, 1.0, 1.0, 0.5], [4, 4, 4, 4]), _steps([9.0, 2.0, 2.0, 0.5], [4, 4, 4, 4])]
+    s = result.summary(warmup=1)
+    # steps 1..3: 4/1 + 4/2 = 6, 6, then 4/0.5 + 4/0.5 = 16
+    assert s["samples_per_s"]["median"] == pytest.approx(6.0) and s["samples_per_s"]["n"] == 3
+    assert s["rank0_samples_per_s"]["median"] == pytest.approx(4.0)
+    assert s["mb_per_s"]["median"] == pytest.approx(6.0 * 100 / 1e6)
+    assert s["flop_per_s"]["median"] == pytest.approx(60.0)
+    assert s["processes"] == 2 and s["samples"] == 16 and s["samples_all_processes"] == 32
+    assert s["timed_steps"] == 3 and s["wait_fraction"] == pytest.approx(0.1)
+    assert "the job's: each step's rates summed over its 2 processes" in common.summary_table([s])
+    # One process: the figures are its own.
+    alone = common.RunResult(source="zfeed", mode="real", steps=3, samples=12)
+    alone.step_seconds, alone.step_samples = [1.0, 2.0, 1.0], [4, 4, 4]
+    alone.step_bytes, alone.wait_seconds = [8, 8, 8], [0.0, 0.0, 0.0]
+    s = alone.summary(warmup=0)
+    assert s["processes"] == 1 and s["samples_per_s"]["median"] == pytest.approx(4.0)
+    assert s["samples_per_s"] == s["rank0_samples_per_s"]
+    assert "of the job's one process" in common.summary_table([s])
+
+
 def test_integer_lists_are_checked():
     assert common.parse_int_list("32, 16,16", "--decoder-channels", minimum=16) == [32, 16, 16]
     for text in (",", "", "32,,16", "a", "32,8"):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -111,12 +112,20 @@ def test_resume_is_bit_identical(store, uninterrupted, tmp_path):
 
 def test_resume_with_another_split_is_refused_naming_the_checkpoint(uninterrupted, tmp_path):
     """The loader reads the training times only: a checkpoint taken with another --val-fraction
-    holds a sample order of other samples, and resuming it would train on a different epoch."""
+    holds a sample order of other samples, and resuming it would train on a different epoch.
+    Refused naming the option; a checkpoint that does not record its options (older ones) is
+    refused by the loader's state, whose sample count differs."""
     ckpt = tmp_path / "ckpt.pt"
     shutil.copy(uninterrupted["dir"] / "ckpt.pt", ckpt)
     args = list(uninterrupted["args"])
     args[args.index("--checkpoint") + 1] = str(ckpt)
     args[args.index("--json") + 1] = str(tmp_path / "other.json")
+    with pytest.raises(SystemExit, match=rf"{re.escape(str(ckpt))} was written with --val-fraction 0\.1 \(this run: "
+                                         r"0\.25\)"):
+        run(args + ["--val-fraction", "0.25", "--resume"])
+    state = torch.load(ckpt, weights_only=False)
+    del state["settings"]  # as checkpoints written before they held their options
+    torch.save(state, ckpt)
     with pytest.raises(SystemExit) as info:
         run(args + ["--val-fraction", "0.25", "--resume"])
     message = str(info.value)
@@ -165,6 +174,12 @@ def test_two_processes_disjoint_samples_identical_weights(store, tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     doc = json.loads(out_json.read_text())
     assert doc["world_size"] == 2
+    # Throughput is the job's: both processes' samples, each step's rates summed over them, and
+    # the table says so; rank 0's own rate is kept beside it.
+    real = doc["runs"][0]
+    assert real["processes"] == 2 and real["samples"] == 4 * 3 and real["samples_all_processes"] == 2 * 4 * 3
+    assert real["samples_per_s"]["median"] > real["rank0_samples_per_s"]["median"] > 0
+    assert "the job's: each step's rates summed over its 2 processes" in done.stdout
     # Parameters identical as trained; buffers (BatchNorm statistics) made rank 0's at the end.
     for key in ("parameters_sha256_by_rank", "weights_sha256_by_rank"):
         digests = doc["runs"][0][key]
@@ -208,15 +223,20 @@ def test_history_and_time_features_channels(store, tmp_path):
     batch = task.prepare(next(iter(loader)), torch.device("cpu"))
     x, times = batch["inputs"], batch["times"]
     assert x.shape[1] == 8
+    # The synthetic store's times are hourly from 2000-01-01 00:00 (standard calendar).
+    assert zfeed.open(store)["time"].attrs["units"] == "hours since 2000-01-01"
     for i, t in enumerate(times):
         expected = [task._read(n, t - 1 + k, t + k)[0] for k in range(2) for n in task.inputs]
         for c, plane in enumerate(expected):
             np.testing.assert_allclose(x[i, c].numpy(), plane, rtol=1e-5, atol=1e-5)
-        feats = forecast.time_features(task.time_seconds[[t]])[0]
+        day, year = (t % 24) / 24, (t / 24) / 366  # 2000 is a leap year
+        feats = [math.sin(2 * math.pi * day), math.cos(2 * math.pi * day),
+                 math.sin(2 * math.pi * year), math.cos(2 * math.pi * year)]
         np.testing.assert_allclose(x[i, 4:, 0, 0].numpy(), feats, atol=1e-6)
         assert float(x[i, 4:].std(dim=(1, 2)).max()) == 0.0
     # Hour 6 UTC on 1 January: a quarter turn of the day, the first day of the year.
-    sin_h, cos_h, sin_y, cos_y = forecast.time_features(np.array([6 * 3600.0]))[0]
+    sin_h, cos_h, sin_y, cos_y = forecast.time_features(*forecast.calendar_phases(np.array([6]), "hours since "
+                                                                                  "1970-01-01", "standard"))[0]
     assert sin_h == pytest.approx(1.0) and cos_h == pytest.approx(0.0, abs=1e-6) and cos_y == pytest.approx(1.0, abs=1e-3)
 
 
@@ -346,7 +366,8 @@ def test_resume_refuses_a_checkpoint_of_other_options(uninterrupted, tmp_path):
     args[args.index("--json") + 1] = str(tmp_path / "other.json")
     for extra, message in ((["--lr", "0.002"], r"--lr 0\.001 \(this run: 0\.002\)"),
                            (["--amp", "fp16"], r"--amp none \(this run: fp16\)"),
-                           (["--loss", "hackathon"], r"--loss mse \(this run: hackathon\)")):
+                           (["--loss", "hackathon"], r"--loss mse \(this run: hackathon\)"),
+                           (["--batch-size", "2"], r"--batch-size 4 \(this run: 2\)")):
         with pytest.raises(SystemExit, match=rf"{ckpt} was written with {message}"):
             run(args + extra + ["--resume"])
     state = torch.load(ckpt, weights_only=False)
@@ -357,6 +378,146 @@ def test_resume_refuses_a_checkpoint_of_other_options(uninterrupted, tmp_path):
     del state["settings"]
     torch.save(state, ckpt)
     assert run(args + ["--resume"]) == 0
+
+
+def test_resume_refuses_other_normalization_statistics(store, tmp_path):
+    """The statistics the data are normalized with change what a resumed run computes: zfeed_stats
+    written into the store since the checkpoint (here where there were none, so the first run
+    computed them over the training times) are refused naming --stats and the variable; --stats
+    train, which computes them over the training times as the first run did, resumes."""
+    import zfeed
+
+    copy = tmp_path / "era5.zarr"
+    shutil.copytree(store, copy)
+    ckpt = tmp_path / "ckpt.pt"
+    args = ["--store", str(copy), "--inputs", "t2m", "--no-val", "--no-flops", "--checkpoint", str(ckpt), *SMALL]
+    assert run([*args, "--steps", "1"]) == 0
+    root = zfeed.open(str(copy), mode="r+")
+    root["t2m"].attrs["zfeed_stats"] = {"mean": 250.0, "std": 10.0}
+    root.consolidate()  # the group's consolidated metadata holds the attributes too
+    with pytest.raises(SystemExit, match=rf"{re.escape(str(ckpt))} was written with --stats t2m: mean (\S+), std (\S+) "
+                                         r"\(this run: mean 250\.0, std 10\.0\)") as info:
+        run([*args, "--steps", "2", "--resume"])
+    # The checkpoint's values, written exactly: those the first run computed over the training times.
+    mean, std = re.search(r"--stats t2m: mean (\S+), std (\S+) ", str(info.value)).groups()
+    training_times = forecast.resolve_statistics(str(copy), zfeed.open(str(copy)), ["t2m"], 21, "train")[0]
+    assert (float(mean), float(std)) == training_times["t2m"]
+    assert run([*args, "--steps", "2", "--resume", "--stats", "train"]) == 0
+    assert torch.load(ckpt, weights_only=False)["step"] == 2
+
+
+def test_throughput_counts_the_bytes_read_from_the_store(store):
+    """MB/s counts, as zfeed bench does, the decoded bytes a batch delivers from the store: the
+    inputs' history steps and the targets as float32, not the time-feature channels the recipe
+    computes itself."""
+    import zfeed
+
+    args = forecast.build_parser().parse_args(["--store", store, "--inputs", "t2m,u500", "--targets", "t2m",
+                                               "--history", "2", "--time-features"])
+    task = forecast.ForecastTask(args, common.Dist())
+    loader = zfeed.Loader(store, inputs=task.inputs, targets=task.targets, history=2, batch_size=3, seed=0,
+                          normalize=task.stats)
+    batch = task.prepare(next(iter(loader)), torch.device("cpu"))
+    assert batch["inputs"].shape[1] == 2 * 2 + 4
+    grid = task.height * task.width
+    assert batch["bytes"] == 3 * (2 * 2 + 1) * grid * 4
+    # The hackathon's task (the inputs at t and at t + 1): zfeed bench's sample, 2 * variables * grid * 4.
+    plain = forecast.ForecastTask(forecast.build_parser().parse_args(["--store", store, "--inputs", "t2m,u500"]),
+                                  common.Dist())
+    loader = zfeed.Loader(store, inputs=plain.inputs, targets=plain.targets, batch_size=3, seed=0,
+                          normalize=plain.stats)
+    assert plain.prepare(next(iter(loader)), torch.device("cpu"))["bytes"] == 3 * 2 * 2 * grid * 4
+
+
+def _store_with_time(store: str, path, values, units: str, calendar: str | None) -> str:
+    """The store's t2m and grid with a time coordinate of ``values`` in ``units`` and ``calendar``."""
+    import numpy as np
+    import zfeed
+
+    source = zfeed.open(store)
+    root = zfeed.create_group(str(path))
+    t2m = np.asarray(source["t2m"][...])
+    root.create_array("t2m", shape=t2m.shape, chunks=(1, *t2m.shape[1:]), dtype="float32", data=t2m,
+                      dimension_names=["time", "latitude", "longitude"])
+    for name in ("latitude", "longitude"):
+        array = source[name]
+        root.create_array(name, shape=array.shape, dtype=array.dtype, data=np.asarray(array[...]),
+                          dimension_names=[name], attributes=dict(array.attrs))
+    attributes = {"units": units, **({"calendar": calendar} if calendar is not None else {})}
+    times = np.asarray(values, dtype="float64")
+    root.create_array("time", shape=times.shape, dtype="float64", data=times, dimension_names=["time"],
+                      attributes=attributes)
+    return str(path)
+
+
+def test_time_features_follow_the_cf_calendar(store, tmp_path):
+    """Day of year and year length are the time coordinate's CF calendar's: CAM5's noleap has 365
+    days every year (day 59 is 1 March, never 29 February), 360_day twelve months of 30 days,
+    all_leap 366 days, julian a leap year every 4 years (1900 among them), the Gregorian ones not
+    in 1900, standard the Julian rule before 1582-10-15."""
+    import numpy as np
+    import zfeed
+
+    # A CAM5-like store: 6-hourly from 28 February of year 2000 in the noleap calendar.
+    values = 365 * 1999 + 58 + np.arange(24) / 4
+    path = _store_with_time(store, tmp_path / "noleap.zarr", values, "days since 0001-01-01 00:00:00", "noleap")
+    task = forecast.ForecastTask(forecast.build_parser().parse_args(["--store", path, "--inputs", "t2m",
+                                                                     "--time-features"]), common.Dist())
+    loader = zfeed.Loader(path, inputs=task.inputs, targets=task.targets, batch_size=8, seed=0,
+                          normalize=task.stats, shuffle=False)
+    batch = task.prepare(next(iter(loader)), torch.device("cpu"))
+    for i, t in enumerate(batch["times"]):
+        day, year = (t % 4) / 4, (58 + t / 4) / 365
+        want = [math.sin(2 * math.pi * day), math.cos(2 * math.pi * day),
+                math.sin(2 * math.pi * year), math.cos(2 * math.pi * year)]
+        np.testing.assert_allclose(batch["inputs"][i, 1:, 0, 0].numpy(), want, atol=1e-6)
+
+    phases = forecast.calendar_phases
+    day, year = phases(np.array([0, 59, 364, 365, 4 * 365 + 59.5]), "days since 2000-01-01 00:00:00", "noleap")
+    np.testing.assert_allclose(year, [0, 59 / 365, 364 / 365, 0, 59.5 / 365], atol=1e-12)
+    np.testing.assert_allclose(day, [0, 0, 0, 0, 0.5], atol=1e-12)
+    for calendar in ("365_day", "NoLeap"):
+        np.testing.assert_allclose(phases(np.array([59]), "days since 2000-01-01", calendar)[1], [59 / 365])
+    _, year = phases(np.array([0, 30, 45, 359, 360]), "days since 2000-01-01", "360_day")
+    np.testing.assert_allclose(year, [0, 30 / 360, 45 / 360, 359 / 360, 0], atol=1e-12)
+    for calendar in ("all_leap", "366_day"):
+        _, year = phases(np.array([365, 366]), "days since 2001-01-01", calendar)
+        np.testing.assert_allclose(year, [365 / 366, 0], atol=1e-12)
+    for calendar, want in (("julian", 365 / 366), ("proleptic_gregorian", 0.0), ("standard", 0.0),
+                           ("gregorian", 0.0)):
+        np.testing.assert_allclose(phases(np.array([365]), "days since 1900-01-01", calendar)[1], [want], atol=1e-12)
+    np.testing.assert_allclose(phases(np.array([365]), "days since 1500-01-01", "standard")[1], [365 / 366])
+    np.testing.assert_allclose(phases(np.array([365]), "days since 1500-01-01", "proleptic_gregorian")[1], [0.0])
+    # Hours, a leap year (2000) then a common one, and a reference time in another zone (00:00 at
+    # +01:00 is 23:00 UTC the day before).
+    day, year = phases(np.array([6, 24 * 366 + 12]), "hours since 2000-01-01 00:00:00", "standard")
+    np.testing.assert_allclose(day, [0.25, 0.5], atol=1e-12)
+    np.testing.assert_allclose(year, [0.25 / 366, 0.5 / 365], atol=1e-12)
+    day, year = phases(np.array([0]), "hours since 2001-01-01 00:00 +01:00", "standard")
+    np.testing.assert_allclose([day[0], year[0]], [23 / 24, (365 + 23 / 24) / 366], atol=1e-12)
+
+
+def test_an_unknown_calendar_is_refused_naming_the_variable(store, tmp_path):
+    import numpy as np
+
+    path = _store_with_time(store, tmp_path / "mars.zarr", np.arange(24), "hours since 2000-01-01", "mars")
+    args = forecast.build_parser().parse_args(["--store", path, "--inputs", "t2m", "--time-features"])
+    with pytest.raises(SystemExit, match=r"^forecast: --time-features: time has calendar 'mars', not a CF calendar "
+                                         r"this recipe knows \(standard, gregorian, proleptic_gregorian, julian, "
+                                         r"noleap, 365_day, all_leap, 366_day, 360_day\)$"):
+        forecast.ForecastTask(args, common.Dist())
+    # Without --time-features the calendar is not read.
+    args = forecast.build_parser().parse_args(["--store", path, "--inputs", "t2m"])
+    assert forecast.ForecastTask(args, common.Dist()).time_table is None
+    # A date the calendar does not have, and units that are no CF time.
+    for units, calendar, message in (("days since 2001-02-29", "noleap", r"time's units 'days since 2001-02-29' name "
+                                      r"a date the noleap calendar does not have"),
+                                     ("months since 2000-01-01", None, r"time has units 'months since 2000-01-01'; "
+                                      r"need '<unit> since <date>'")):
+        path = _store_with_time(store, tmp_path / f"bad{calendar}.zarr", np.arange(24), units, calendar)
+        args = forecast.build_parser().parse_args(["--store", path, "--inputs", "t2m", "--time-features"])
+        with pytest.raises(SystemExit, match=message):
+            forecast.ForecastTask(args, common.Dist())
 
 
 @pytest.mark.parametrize("extra,message", [

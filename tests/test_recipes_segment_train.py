@@ -238,7 +238,8 @@ def test_resume_refuses_other_optimizer_and_precision(store, tmp_path):
     for extra, message in ((["--gradient-lag"], r"--gradient-lag off \(this run: on\)"),
                            (["--amp", "fp16"], r"--amp none \(this run: fp16\)"),
                            (["--lr", "0.01"], r"--lr 0\.001 \(this run: 0\.01\)"),
-                           (["--growth-rate", "8"], r"--growth-rate 4 \(this run: 8\)")):
+                           (["--growth-rate", "8"], r"--growth-rate 4 \(this run: 8\)"),
+                           (["--batch-size", "3"], r"--batch-size 2 \(this run: 3\)")):
         with pytest.raises(SystemExit, match=rf"{ckpt} was written with {message}"):
             _main([*base, *extra, "--resume"])
     # A checkpoint written before the settings were saved: the optimizer state that does not fit
@@ -248,3 +249,94 @@ def test_resume_refuses_other_optimizer_and_precision(store, tmp_path):
     torch.save(state, ckpt)
     with pytest.raises(SystemExit, match=rf"{ckpt}: its optimizer state does not fit this run"):
         _main([*base, "--gradient-lag", "--resume"])
+
+
+def test_resume_refuses_other_memory_format_and_statistics(store_copy, tmp_path):
+    """--channels-last (NHWC kernels sum in another order: a run resumed in the other format is not
+    bit-identical) and the normalization statistics (here the store's zfeed_stats, rewritten
+    since the checkpoint) change what a resumed run computes: refused naming the option."""
+    import re
+
+    import torch
+    import zfeed
+
+    ckpt = tmp_path / "ckpt.pt"
+    base = ["--store", store_copy, *TINY, "--steps", "1", "--no-flops", "--no-val", "--checkpoint", str(ckpt)]
+    assert _main(base) == 0
+    with pytest.raises(SystemExit, match=rf"{re.escape(str(ckpt))} was written with --channels-last off "
+                                         r"\(this run: on\)"):
+        _main([*base, "--channels-last", "--resume"])
+    saved = torch.load(ckpt, weights_only=False)["settings"]["--stats"]["TMQ"]
+    root = zfeed.open(store_copy, mode="r+")
+    root["TMQ"].attrs["zfeed_stats"] = {"mean": 40.0, "std": 12.5}
+    root.consolidate()  # the group's consolidated metadata holds the attributes too
+    with pytest.raises(SystemExit, match=rf"{re.escape(str(ckpt))} was written with --stats TMQ: {re.escape(saved)} "
+                                         r"\(this run: mean 40\.0, std 12\.5\)"):
+        _main([*base, "--resume"])
+
+
+def test_throughput_counts_labels_at_their_stored_size(store):
+    """MB/s counts the decoded bytes a batch delivers from the store: the 16 float32 channels and
+    the labels at their stored size (uint8), not the int64 the Loader widens them to."""
+    import torch
+    import zfeed
+
+    from zfeed.recipes import common as recipes_common
+    from zfeed.recipes import segment
+
+    task = segment.SegmentTask(segment.build_parser().parse_args(["--store", store, *TINY]), recipes_common.Dist())
+    loader = zfeed.Loader(store, inputs=task.inputs, targets=[task.labels], lead=0, batch_size=2, seed=0,
+                          normalize=task.stats)
+    batch = task.prepare(next(iter(loader)), torch.device("cpu"))
+    assert batch["targets"].dtype == torch.int64 and zfeed.open(store)["labels"].dtype == "uint8"
+    assert batch["bytes"] == 2 * (16 * 4 + 1) * 22 * 36
+
+
+def test_smoke_run_validates_with_the_training_statistics(store_copy, tmp_path, monkeypatch):
+    """segment_smoke normalizes the held-out store with the training store's statistics (the
+    model learned on those), not with statistics the held-out store carries."""
+    import numpy as np
+    import zfeed
+
+    from zfeed.recipes import common as recipes_common
+    from zfeed.recipes import segment, segment_smoke
+
+    subprocess.run([ZFEED, "stats", store_copy, "--variables", ",".join(segment.CHANNELS)], check=True,
+                   stdout=subprocess.DEVNULL)
+    held_out = str(tmp_path / "held_out.zarr")
+    subprocess.run([ZFEED, "synth", "cam5", held_out, "--lat", "22", "--lon", "36", "--times", "4", "--seed", "7",
+                    "-q"], check=True)
+    root = zfeed.open(held_out, mode="r+")
+    for name in segment.CHANNELS:  # statistics of its own, far from the training store's
+        root[name].attrs["zfeed_stats"] = {"mean": 1000.0, "std": 3.0}
+    root.consolidate()
+
+    delivered: dict = {}
+
+    class RecordingLoader(zfeed.Loader):
+        """zfeed.Loader keeping a copy of every batch's inputs and times, by store."""
+
+        def __init__(self, store, **options):
+            super().__init__(store, **options)
+            self.path = str(store)
+
+        def __iter__(self):
+            for batch in super().__iter__():
+                delivered.setdefault(self.path, []).append(
+                    (np.array(batch["inputs"], copy=True), np.array(batch["times"], copy=True)))
+                yield batch
+
+    monkeypatch.setattr(zfeed, "Loader", RecordingLoader)
+    segment_smoke.run(store_copy, held_out, "tiramisu", steps=1, batch_size=2, channels_last=False,
+                      model_options={"growth_rate": 4, "layers": (2,), "bottleneck_layers": 1, "first_channels": 8},
+                      log=lambda *a: None)
+    training = zfeed.open(store_copy)
+    held = zfeed.open(held_out)
+    assert delivered[held_out]
+    for inputs, times in delivered[held_out]:
+        for c, name in enumerate(segment.CHANNELS):
+            stats = training[name].attrs["zfeed_stats"]
+            for i, t in enumerate(times):
+                raw = recipes_common.read_decoded(held[name], int(t), int(t) + 1)[0]
+                np.testing.assert_allclose(inputs[i, c], (raw - stats["mean"]) / stats["std"], rtol=1e-4, atol=1e-4,
+                                           err_msg=name)

@@ -17,11 +17,15 @@
   ``load-only`` (iterate the source, no training step) and ``synthetic`` (train on the first
   batch's tensors, kept in memory); sources ``zfeed`` (``zfeed.Loader``) or ``baseline``
   (the hackathon's xarray + DataLoader, :mod:`zfeed.baseline`).
-- Throughput: per step (the wait for the batch included) samples/s, MB/s (input + target bytes)
-  and model FLOP/s (the FLOPs of one forward + backward counted once with
-  ``torch.utils.flop_counter.FlopCounterMode``), each as the median with the 10th and 90th
-  percentiles over the timed steps; :func:`print_summary`, :func:`write_json`,
-  :func:`plot_throughput` (bars side by side, the headline real / synthetic fraction per source).
+- Throughput: per step (the wait for the batch included) samples/s, MB/s and model FLOP/s (the
+  FLOPs of one forward + backward counted once with ``torch.utils.flop_counter.FlopCounterMode``),
+  each as the median with the 10th and 90th percentiles over the timed steps. MB/s counts, as
+  ``zfeed bench`` does, the decoded bytes of the data delivered from the store: inputs and targets
+  as the batch holds them (float32), labels at their stored size (not the int64 the Loader widens
+  them to), and nothing a recipe computes (time-feature channels). Under torchrun every figure is
+  the job's: each step's rates summed over the processes (``rank0_samples_per_s`` keeps rank 0's
+  own). :func:`summary_table`, :func:`write_json`, :func:`plot_throughput` (bars side by side, the
+  headline real / synthetic fraction per source).
 """
 
 from __future__ import annotations
@@ -323,7 +327,9 @@ class Task:
 
     def prepare(self, batch: Any, device: torch.device) -> dict:
         """A source's batch as ``{"inputs", "targets", "times" (or None), "samples", "bytes",
-        "full"}`` on ``device``."""
+        "full"}`` on ``device``. ``bytes``: the decoded bytes of the data the batch delivers from
+        the store (the MB/s figure's count): inputs and targets at their batch dtype, labels at
+        their stored size, no channel the recipe computes itself."""
         raise NotImplementedError
 
     def loss(self, model: torch.nn.Module, batch: dict) -> torch.Tensor:
@@ -333,9 +339,20 @@ class Task:
         return None
 
     def checkpoint_settings(self) -> dict:
-        """The options a checkpoint must be resumed with, ``{"--flag": value}`` (model, loss,
-        optimizer): saved in the checkpoint and compared on resume. Options the loader's state
-        checks already (store, split, batch size, seed) need not be here."""
+        """Every option that changes what a resumed run computes, ``{"--flag": value}`` (a value
+        may be a dict, compared key by key: the normalization statistics), saved in the checkpoint
+        and compared on resume (``--amp`` is added by :func:`train`): the data (variables, split,
+        batch size, normalization, ...), the model, the loss and the optimizer.
+
+        Left out on purpose, since a resume with another value computes the same: how long to run
+        (``--steps``, ``--epochs``), ``--seed`` (the checkpoint restores the weights, the random
+        number generators and the loader's seed and sample order), output and logging
+        (``--json``, ``--plot``, ``--log-every``, ``--times-log``, ``--checkpoint-every``),
+        ``--no-flops`` (the count draws none of training's random numbers), ``--no-val``, where
+        the same bytes are read from (``--stage-dir``, ``--stage-in-background``); ``--partition``
+        is checked by the loader's state (its node layout). Nor is the machine: ``--device``, and
+        ``--threads`` (another number of torch threads sums in another order, so the resumed run is
+        not bit-identical: :func:`train` says so in a note, but a job may move to another node)."""
         return {}
 
 
@@ -356,22 +373,45 @@ class RunResult:
     weights_sha256_by_rank: list | None = None
     parameters_sha256_by_rank: list | None = None
     loader_stats: dict | None = None
+    # Every rank's per-step records (:meth:`own_steps`), rank 0's first, gathered by :func:`train`
+    # at the end of the run; None: this process's alone.
+    steps_by_rank: list | None = None
+
+    def own_steps(self) -> dict:
+        """This process's per-step records: seconds (the wait for data included), samples,
+        bytes delivered from the store, seconds waiting for data."""
+        return {"seconds": self.step_seconds, "samples": self.step_samples, "bytes": self.step_bytes,
+                "wait": self.wait_seconds}
 
     def summary(self, warmup: int) -> dict:
-        sl = slice(min(warmup, max(len(self.step_seconds) - 1, 0)), None)
-        secs, samples, nbytes = self.step_seconds[sl], self.step_samples[sl], self.step_bytes[sl]
-        sps = [n / s for n, s in zip(samples, secs) if s > 0]
-        mbps = [b / s / 1e6 for b, s in zip(nbytes, secs) if s > 0]
+        """The run's figures. samples/s, MB/s and FLOP/s are the job's: per step, the sum over the
+        ranks of each rank's rate (the ranks run their steps side by side, in lockstep under
+        DDP), so that they hold where ranks are given unequal work too; ``rank0_samples_per_s``
+        is rank 0's alone. ``samples`` stays rank 0's count, ``samples_all_processes`` the job's."""
+        ranks = self.steps_by_rank or [self.own_steps()]
+        taken = min(len(r["seconds"]) for r in ranks)  # the steps every rank took (all, under DDP)
+        timed = range(min(warmup, max(taken - 1, 0)), taken)
+        timed_by_all = [k for k in timed if all(r["seconds"][k] > 0 for r in ranks)]
+
+        def job_rates(key: str) -> list:
+            return [sum(r[key][k] / r["seconds"][k] for r in ranks) for k in timed_by_all]
+
+        sps = job_rates("samples")
+        mbps = [b / 1e6 for b in job_rates("bytes")]
         train_mode = self.mode != "load-only"
-        fps = ([n * self.flops_per_sample / s for n, s in zip(samples, secs) if s > 0]
-               if (train_mode and self.flops_per_sample) else [])
-        waits = self.wait_seconds[sl]
+        fps = [n * self.flops_per_sample for n in sps] if (train_mode and self.flops_per_sample) else []
+        rank0 = ranks[0]
+        rank0_sps = [rank0["samples"][k] / rank0["seconds"][k] for k in timed if rank0["seconds"][k] > 0]
+        waited = sum(r["wait"][k] for r in ranks for k in timed)
+        stepped = sum(r["seconds"][k] for r in ranks for k in timed)
         return {
-            "source": self.source, "mode": self.mode, "steps": self.steps, "timed_steps": len(secs),
-            "samples": self.samples, "epochs_done": self.epochs_done,
+            "source": self.source, "mode": self.mode, "steps": self.steps, "timed_steps": len(timed),
+            "samples": self.samples, "samples_all_processes": int(sum(sum(r["samples"]) for r in ranks)),
+            "processes": len(ranks), "epochs_done": self.epochs_done,
             "samples_per_s": percentiles(sps), "mb_per_s": percentiles(mbps), "flop_per_s": percentiles(fps),
+            "rank0_samples_per_s": percentiles(rank0_sps),
             "flops_per_sample": self.flops_per_sample if train_mode else None,
-            "wait_fraction": (float(sum(waits) / sum(secs)) if secs and sum(secs) > 0 else None),
+            "wait_fraction": float(waited / stepped) if stepped > 0 else None,
             "first_loss": self.losses[0] if self.losses else None,
             "final_loss": self.losses[-1] if self.losses else None,
             "losses": self.losses,
@@ -457,6 +497,23 @@ def _setting_text(value: Any) -> str:
     return str(value)
 
 
+def _setting_differences(name: str, saved: Any, value: Any) -> list[str]:
+    """How a saved setting differs from this run's, as the error names it: a dict setting key by
+    key (only the keys that differ)."""
+    if isinstance(saved, dict) and isinstance(value, dict):
+        return [f"{name} {key}: {_setting_text(saved.get(key, 'none'))} "
+                f"(this run: {_setting_text(value.get(key, 'none'))})"
+                for key in dict.fromkeys([*saved, *value]) if saved.get(key) != value.get(key)]
+    return [f"{name} {_setting_text(saved)} (this run: {_setting_text(value)})"]
+
+
+def statistics_setting(stats: dict) -> dict:
+    """The normalization statistics ``{name: (mean, std)}`` as a checkpoint setting (``--stats``):
+    ``{name: "mean M, std S"}``, the floats written exactly (repr), so that a resume normalizing
+    with other values (another --stats, or zfeed_stats rewritten in the store) is refused."""
+    return {name: f"mean {float(mean)!r}, std {float(std)!r}" for name, (mean, std) in stats.items()}
+
+
 def check_checkpoint_settings(checkpoint: str, state: dict, task_name: str, settings: dict,
                               log_note: bool = True) -> None:
     """Refuses (SystemExit naming the checkpoint and the options) a checkpoint of another recipe
@@ -472,8 +529,8 @@ def check_checkpoint_settings(checkpoint: str, state: dict, task_name: str, sett
             log(f"{task_name}: {checkpoint} holds no record of its options (written by an older zfeed): resuming "
                 "without checking that they match this run's")
         return
-    differ = [f"{name} {_setting_text(saved[name])} (this run: {_setting_text(value)})"
-              for name, value in settings.items() if name in saved and saved[name] != value]
+    differ = [text for name, value in settings.items() if name in saved and saved[name] != value
+              for text in _setting_differences(name, saved[name], value)]
     if differ:
         raise SystemExit(f"{checkpoint} was written with {'; '.join(differ)}: resume with the options it was "
                          "written with, or give another --checkpoint to start afresh")
@@ -538,6 +595,11 @@ def train(task: Task, dist: Dist, *, source: str = "zfeed", mode: str = "real", 
             raise SystemExit(f"{checkpoint} was written by {state.get('world_size')} processes, this run has "
                              f"{dist.world_size}")
         check_checkpoint_settings(checkpoint, state, task.name, settings, log_note=dist.main)
+        saved_threads = state.get("torch_threads")
+        if dist.main and saved_threads is not None and saved_threads != torch.get_num_threads():
+            log(f"{task.name}: {checkpoint} was written with {saved_threads} torch threads, this run has "
+                f"{torch.get_num_threads()} (--threads): it resumes, but CPU results will not be bit-identical "
+                "to an uninterrupted run")
         _load_part(checkpoint, "model", lambda: unwrap(model).load_state_dict(state["model"]))
         _load_part(checkpoint, "optimizer", lambda: optimizer.load_state_dict(state["optimizer"]))
         _load_part(checkpoint, "grad scaler (--amp fp16)", lambda: scaler.load_state_dict(state["scaler"]))
@@ -563,7 +625,7 @@ def train(task: Task, dist: Dist, *, source: str = "zfeed", mode: str = "real", 
                 "model": unwrap(model).state_dict(), "optimizer": optimizer.state_dict(),
                 "scaler": scaler.state_dict(), "step": step, "epoch": epoch, "loader": loader_states,
                 "rng": rng_states, "world_size": dist.world_size, "losses": result.losses,
-                "task": task.name, "settings": settings,
+                "task": task.name, "settings": settings, "torch_threads": torch.get_num_threads(),
             })
         dist.barrier()
 
@@ -645,7 +707,8 @@ def train(task: Task, dist: Dist, *, source: str = "zfeed", mode: str = "real", 
             seconds = max(t2 - t0, 1e-12)
             text = f" loss {loss_value:.4f}" if loss_value is not None else ""
             log(f"{task.name} [{source}/{mode}] epoch {epoch} step {step}{text} "
-                f"{n / seconds:.1f} samples/s {batch['bytes'] / seconds / 1e6:.1f} MB/s")
+                f"{n / seconds:.1f} samples/s {batch['bytes'] / seconds / 1e6:.1f} MB/s"
+                f"{' (rank 0)' if dist.distributed else ''}")
         if checkpoint_every and step % checkpoint_every == 0:
             write_checkpoint()
     elapsed = time.perf_counter() - started
@@ -654,6 +717,7 @@ def train(task: Task, dist: Dist, *, source: str = "zfeed", mode: str = "real", 
     write_checkpoint()
     if dist.main:
         log(f"{task.name} [{source}/{mode}]: {result.steps} steps, {result.samples} samples (rank 0) in {elapsed:.1f} s")
+    result.steps_by_rank = dist.all_gather_object(result.own_steps())  # throughput is the job's
     result.parameters_sha256_by_rank = dist.all_gather_object(weights_digest(model, parameters_only=True))
     if dist.distributed:
         # DDP broadcasts rank 0's buffers (BatchNorm's running statistics) at the start of each
@@ -685,12 +749,26 @@ def headline(summaries: Sequence[dict]) -> dict:
     return out
 
 
+THROUGHPUT_DEFINITIONS = {
+    "samples_per_s": "the job's samples per second: per step (the wait for data included), each process's rate, "
+                     "summed over the processes; median, 10th and 90th percentiles over the timed steps",
+    "mb_per_s": "the job's decoded bytes delivered from the store per second (10^6 bytes per MB), as zfeed bench "
+                "counts them: inputs and targets at their batch dtype, labels at their stored size, no computed "
+                "channel (time features)",
+    "flop_per_s": "the job's model FLOP/s: samples_per_s times the FLOPs of one forward + backward per sample",
+    "rank0_samples_per_s": "rank 0's samples per second alone (one process's share)",
+    "samples": "samples rank 0 trained on (or loaded); samples_all_processes: the job's",
+    "wait_fraction": "share of the step time, all processes together, spent waiting for data",
+}
+
+
 def run_record(args, dist, task, runs: Sequence[dict], validation) -> dict:
     """The keys every recipe's JSON ends with: normalization, where and how it ran, the runs and
     their headline, and the validation."""
     return {"statistics": {k: list(v) for k, v in task.stats.items()}, "statistics_source": task.stats_source,
             "world_size": dist.world_size, "device": str(dist.device), "torch_threads": torch.get_num_threads(),
-            "config": vars(args), "runs": runs, "headline": headline(runs), "validation": validation}
+            "config": vars(args), "runs": runs, "headline": headline(runs), "definitions": THROUGHPUT_DEFINITIONS,
+            "validation": validation}
 
 
 def check_loop_arguments(args, recipe: str, sources: Sequence[str], modes: Sequence[str]) -> None:
@@ -789,6 +867,10 @@ def summary_table(summaries: Sequence[dict]) -> str:
     lines.insert(1, "  ".join("-" * w for w in widths))
     text = "\n".join(lines)
     text += "\nmedian [10th, 90th percentile] over the timed steps; wait: share of step time spent waiting for data"
+    processes = max((s.get("processes", 1) for s in summaries), default=1)
+    text += (f"\nsamples/s, MB/s and GFLOP/s are the job's: each step's rates summed over its {processes} processes"
+             if processes > 1 else "\nsamples/s, MB/s and GFLOP/s of the job's one process")
+    text += "; MB/s: decoded input + target bytes delivered from the store"
     for source, fraction in headline(summaries).items():
         text += f"\n{source}: real-data throughput is {fraction:.0%} of synthetic"
     return text
@@ -842,7 +924,9 @@ def plot_throughput(path: str, summaries: Sequence[dict], title: str = "") -> No
     log_scale = bool(spread) and max(spread) > 20 * min(spread)
     if log_scale:
         ax.set_yscale("log")
-    ax.set_ylabel("samples/s (median, 10th-90th pct)" + (", log scale" if log_scale else ""))
+    processes = max((x.get("processes", 1) for x in summaries), default=1)
+    ax.set_ylabel("samples/s (median, 10th-90th pct)" + (f", job of {processes} processes" if processes > 1 else "")
+                  + (", log scale" if log_scale else ""))
     heads = headline(summaries)
     sub = ", ".join(f"{k}: real = {v:.0%} of synthetic" for k, v in heads.items())
     ax.set_title("\n".join(t for t in (title, sub) if t), fontsize=9)
@@ -876,7 +960,7 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: only at the end)")
     g.add_argument("--resume", action="store_true",
                    help="continue from --checkpoint where it exists (rank 0's file decides; it must have been "
-                        "written with the same model, loss and optimizer options)")
+                        "written with the same data, normalization, model, loss and optimizer options)")
     g.add_argument("--log-every", type=int, default=10, help="steps between progress lines (0: none)")
     g.add_argument("--times-log", help="append each rank's sample times per step to PREFIX.rankN")
     d = parser.add_argument_group("data placement")

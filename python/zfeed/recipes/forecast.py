@@ -18,7 +18,8 @@ ratio (below 1: the model beats persistence).
 Forecaster's context: ``--history N`` feeds the inputs at t-N+1..t (zfeed.Loader's ``history``,
 oldest first, as channels; the residual base stays x_t, the last step), so the net sees the
 tendency; ``--time-features`` adds four constant channels, sin/cos of the hour of day and of the
-day of year of time t, from the store's time coordinate (CF units, "<unit> since <date>").
+day of year of time t, from the store's time coordinate (CF units, "<unit> since <date>", and CF
+calendar: a noleap year, CAM5's, has 365 days, a 360_day year 360; an unknown calendar is refused).
 
 The grid need not divide by the U-Net's downsampling: inputs are padded (circularly along a global
 longitude, by replication otherwise) up to a multiple of 2**encoder_depth and the output cropped.
@@ -30,6 +31,7 @@ import argparse
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -181,35 +183,143 @@ def _is_global_longitude(group, size: int) -> bool:
 _UNIT_SECONDS = {"seconds": 1.0, "second": 1.0, "s": 1.0, "minutes": 60.0, "minute": 60.0, "min": 60.0,
                  "hours": 3600.0, "hour": 3600.0, "h": 3600.0, "days": 86400.0, "day": 86400.0, "d": 86400.0}
 
+# CF calendars (the time variable's ``calendar`` attribute, case-insensitive; "standard" where it
+# has none), by their canonical names. "standard" is the mixed one: Julian up to 1582-10-04,
+# Gregorian from 1582-10-15.
+CALENDARS = {"standard": "standard", "gregorian": "standard", "proleptic_gregorian": "proleptic_gregorian",
+             "julian": "julian", "noleap": "noleap", "365_day": "noleap", "all_leap": "all_leap",
+             "366_day": "all_leap", "360_day": "360_day"}
+# Month lengths of the calendars whose every year is alike (climate models' calendars; CAM5's
+# output is noleap).
+_FIXED_MONTHS = {"noleap": (31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31),
+                 "all_leap": (31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31),
+                 "360_day": (30,) * 12}
+_GREGORIAN_START = (1582, 10, 15)  # the standard calendar's first Gregorian day
 
-def time_coordinate_seconds(group, size: int) -> np.ndarray:
-    """The time coordinate (``time``, ``valid_time`` or ``t``) as float64 seconds since
-    1970-01-01 UTC, from its CF ``units`` ("<unit> since <date>")."""
+# "<date>[( |T)<h>:<m>[:<s>]][ Z| UTC| +hh[:mm]]" as CF units write the reference time; years,
+# months and days may have one digit ("1-1-1").
+_REFERENCE_TIME = re.compile(
+    r"^\s*(?P<year>[+-]?\d+)-(?P<month>\d{1,2})-(?P<day>\d{1,2})"
+    r"(?:(?:T|\s+)(?P<hour>\d{1,2}):(?P<minute>\d{1,2})(?::(?P<second>\d{1,2}(?:\.\d*)?))?)?"
+    r"\s*(?:Z|UTC|GMT|(?P<zsign>[+-])(?P<zhour>\d{1,2})(?::?(?P<zminute>\d{2}))?)?\s*$", re.IGNORECASE)
+
+
+def _day_number(year, month, day, julian):
+    """Days from a fixed epoch (the Julian Day Number) of a date of the Julian or the proleptic
+    Gregorian calendar (years from -4700 on); integers or int64 arrays."""
+    a = (14 - month) // 12
+    y = year + 4800 - a
+    m = month + 12 * a - 3
+    days = day + (153 * m + 2) // 5 + 365 * y + y // 4
+    return days - 32083 if julian else days - y // 100 + y // 400 - 32045
+
+
+def _year_of_day_number(day_number: np.ndarray, julian: bool) -> np.ndarray:
+    """The year (Julian or proleptic Gregorian calendar) of each Julian Day Number (Richards'
+    algorithm)."""
+    f = day_number + 1401
+    if not julian:
+        f = f + (((4 * day_number + 274277) // 146097) * 3) // 4 - 38
+    e = 4 * f + 3
+    h = 5 * ((e % 1461) // 4) + 2
+    month = (h // 153 + 2) % 12 + 1
+    return e // 1461 - 4716 + (14 - month) // 12
+
+
+def _month_lengths(calendar: str, year: int, before_gregorian: bool) -> tuple:
+    if calendar in _FIXED_MONTHS:
+        return _FIXED_MONTHS[calendar]
+    julian = calendar == "julian" or (calendar == "standard" and before_gregorian)
+    leap = year % 4 == 0 if julian else (year % 4 == 0 and (year % 100 != 0 or year % 400 == 0))
+    return (31, 29 if leap else 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
+
+
+def calendar_phases(values: np.ndarray, units: str, calendar: str, what: str = "time") -> tuple[np.ndarray, np.ndarray]:
+    """Where in its day and in its year each time falls: ``(day_fraction, year_fraction)``, float64
+    arrays in [0, 1). ``values`` in CF ``units`` ("<unit> since <date>") of the CF ``calendar``:
+    the day of year and the year's length are the calendar's (365 days every year in noleap, 360 in
+    360_day, 366 in all_leap; leap years by the Julian rule in julian, by the Gregorian rule in
+    proleptic_gregorian, and by the rule in force at the date in standard). ``what`` (the
+    variable's name) is in the error messages: SystemExit for units or a calendar it cannot read."""
+    name = CALENDARS.get(str(calendar).strip().lower())
+    if name is None:
+        raise SystemExit(f"forecast: --time-features: {what} has calendar {calendar!r}, not a CF calendar this "
+                         f"recipe knows ({', '.join(CALENDARS)})")
+    unit, sep, reference = str(units).partition(" since ")
+    unit = unit.strip().lower()
+    if not sep or unit not in _UNIT_SECONDS:
+        raise SystemExit(f"forecast: --time-features: {what} has units {units!r}; need '<unit> since <date>' with a "
+                         "unit of days, hours, minutes or seconds")
+    match = _REFERENCE_TIME.match(reference)
+    if not match:
+        raise SystemExit(f"forecast: --time-features: cannot read the reference time of {what}'s units {units!r}")
+    year, month, day = (int(match[k]) for k in ("year", "month", "day"))
+    before_gregorian = (year, month, day) < _GREGORIAN_START
+    months = _month_lengths(name, year, before_gregorian)
+    if not (1 <= month <= 12 and 1 <= day <= months[month - 1]) or (
+            name == "standard" and (1582, 10, 5) <= (year, month, day) < _GREGORIAN_START):
+        raise SystemExit(f"forecast: --time-features: {what}'s units {units!r} name a date the {calendar} calendar "
+                         "does not have")
+    reference_seconds = (int(match["hour"] or 0) * 3600 + int(match["minute"] or 0) * 60
+                         + float(match["second"] or 0))
+    if match["zsign"]:  # a reference time in local time: UTC = local - offset
+        zone = int(match["zhour"]) * 3600 + int(match["zminute"] or 0) * 60
+        reference_seconds -= zone if match["zsign"] == "+" else -zone
+
+    # Seconds since the reference day's midnight, split into whole days and the rest, so that the
+    # day count stays an exact integer.
+    seconds = np.asarray(values, dtype=np.float64) * _UNIT_SECONDS[unit] + reference_seconds
+    if not np.isfinite(seconds).all():
+        raise SystemExit(f"forecast: --time-features: {what} has values that are not finite numbers")
+    whole_days = np.floor(seconds / 86400.0)
+    day_fraction = np.clip((seconds - whole_days * 86400.0) / 86400.0, 0.0, np.nextafter(1.0, 0.0))
+    whole_days = whole_days.astype(np.int64)
+
+    if name in _FIXED_MONTHS:
+        year_length = sum(months)
+        day_of_year = (sum(months[:month - 1]) + day - 1 + whole_days) % year_length
+        return day_fraction, (day_of_year + day_fraction) / year_length
+
+    julian_reference = name == "julian" or (name == "standard" and before_gregorian)
+    day_number = _day_number(year, month, day, julian_reference) + whole_days
+    if name == "standard":
+        julian = day_number < _day_number(*_GREGORIAN_START, julian=False)
+    else:
+        julian = np.full(day_number.shape, name == "julian")
+    day_of_year = np.empty(day_number.shape, dtype=np.int64)
+    year_length = np.empty(day_number.shape, dtype=np.int64)
+    for rule in (True, False):
+        days = day_number[julian == rule]
+        if days.size:
+            years = _year_of_day_number(days, julian=rule)
+            first = _day_number(years, 1, 1, julian=rule)
+            day_of_year[julian == rule] = days - first
+            year_length[julian == rule] = _day_number(years + 1, 1, 1, julian=rule) - first
+    return day_fraction, (day_of_year + day_fraction) / year_length
+
+
+def time_coordinate_phases(group, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`calendar_phases` of the store's time coordinate (``time``, ``valid_time`` or ``t``,
+    of ``size`` values), from its CF ``units`` and ``calendar``; a datetime64 coordinate is
+    numpy's proleptic Gregorian calendar."""
     for name in ("time", "valid_time", "t"):
         if name in group and group[name].ndim == 1 and group[name].shape[0] == size:
             arr = group[name]
             values = np.asarray(arr[...])
             if np.issubdtype(values.dtype, np.datetime64):
-                return values.astype("datetime64[ns]").astype(np.int64).astype(np.float64) / 1e9
-            units = str(arr.attrs.get("units", ""))
-            unit, sep, origin = units.partition(" since ")
-            if not sep or unit.strip().lower() not in _UNIT_SECONDS:
-                raise SystemExit(f"forecast: --time-features: {name} has units {units!r}; need '<unit> since <date>'")
-            origin = origin.strip().replace(" ", "T", 1).rstrip("Z")
-            try:
-                epoch = np.datetime64(origin, "s").astype(np.int64)
-            except ValueError:
-                raise SystemExit(f"forecast: --time-features: cannot read the origin of {name}'s units {units!r}")
-            return values.astype(np.float64) * _UNIT_SECONDS[unit.strip().lower()] + float(epoch)
+                nanoseconds = values.astype("datetime64[ns]").astype(np.int64)
+                return calendar_phases(nanoseconds.astype(np.float64) / 1e9, "seconds since 1970-01-01",
+                                       "proleptic_gregorian", name)
+            return calendar_phases(values, str(arr.attrs.get("units", "")), arr.attrs.get("calendar", "standard"),
+                                   name)
     raise SystemExit(f"forecast: --time-features needs a time coordinate (time, valid_time or t) of {size} values")
 
 
-def time_features(seconds: np.ndarray) -> np.ndarray:
-    """[n, 4] float32: sin/cos of the hour of day (UTC) and of the day of year (a 365.2425-day
-    year) of each time."""
-    days = np.asarray(seconds, dtype=np.float64) / 86400.0
-    day_phase = 2 * np.pi * (days % 1.0)
-    year_phase = 2 * np.pi * ((days % 365.2425) / 365.2425)
+def time_features(day_fraction: np.ndarray, year_fraction: np.ndarray) -> np.ndarray:
+    """[n, 4] float32: sin/cos of the time of day (UTC) and of the time of year, from
+    :func:`calendar_phases`."""
+    day_phase = 2 * np.pi * np.asarray(day_fraction, dtype=np.float64)
+    year_phase = 2 * np.pi * np.asarray(year_fraction, dtype=np.float64)
     return np.stack([np.sin(day_phase), np.cos(day_phase), np.sin(year_phase), np.cos(year_phase)],
                     axis=1).astype(np.float32)
 
@@ -283,13 +393,14 @@ class ForecastTask(Task):
                 raise SystemExit(f"forecast: --residual needs every target among the inputs ({', '.join(missing)} is not)")
             last = (self.history - 1) * len(self.inputs)  # x_t: the last history step's channels
             self.residual_index = [last + self.inputs.index(t) for t in self.targets]
-        self.time_seconds = time_coordinate_seconds(self.group, self.times) if args.time_features else None
-        self.in_channels = self.history * len(self.inputs) + (4 if self.time_seconds is not None else 0)
+        # [times, 4]: each time's sin/cos of the time of day and of the time of year (its calendar's)
+        self.time_table = time_features(*time_coordinate_phases(self.group, self.times)) if args.time_features else None
+        self.in_channels = self.history * len(self.inputs) + (4 if self.time_table is not None else 0)
         if dist.main:
             log(f"forecast: {self.store}: {self.times} times of {self.height} x {self.width}; training on times "
                 f"0..{self.split - 1} (samples t + {self.lead} < {self.split}), validating on {len(self.val_times)} "
                 f"samples from time {self.split}; statistics: {self.stats_source}; {self.in_channels} input channels "
-                f"(history {self.history}{', time features' if self.time_seconds is not None else ''})")
+                f"(history {self.history}{', time features' if self.time_table is not None else ''})")
 
     # -- model
     def build_model(self) -> nn.Module:
@@ -302,10 +413,11 @@ class ForecastTask(Task):
         a = self.args
         decoder = ",".join(map(str, self.decoder_channels)) if self.decoder_channels else "default"
         return {"--inputs": ",".join(self.inputs), "--targets": ",".join(self.targets), "--lead": self.lead,
-                "--history": self.history, "--time-features": self.time_seconds is not None,
+                "--history": self.history, "--time-features": self.time_table is not None,
                 "--residual": bool(a.residual), "--loss": a.loss, "--encoder": a.encoder,
                 "--encoder-depth": a.encoder_depth, "--decoder-channels": decoder, "--lr": a.lr,
-                "--weight-decay": a.weight_decay}
+                "--weight-decay": a.weight_decay, "--batch-size": a.batch_size, "--val-fraction": a.val_fraction,
+                "--stats": common.statistics_setting(self.stats)}
 
     def build_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
         return torch.optim.AdamW(model.parameters(), lr=self.args.lr, weight_decay=self.args.weight_decay)
@@ -326,7 +438,7 @@ class ForecastTask(Task):
             raise SystemExit("forecast: --source baseline needs the targets to be the inputs (the hackathon's task)")
         if dist.distributed:
             raise SystemExit("forecast: --source baseline runs on one process (it has no rank sharding)")
-        if self.history != 1 or self.time_seconds is not None:
+        if self.history != 1 or self.time_table is not None:
             raise SystemExit("forecast: --source baseline takes neither --history nor --time-features")
         return make_baseline_loader(self.store, self.inputs, batch_size=a.batch_size,
                                     num_workers=a.baseline_workers, seed=a.seed, lead=self.lead,
@@ -343,16 +455,19 @@ class ForecastTask(Task):
             x, y = raw
             times = None
             full = int(x.shape[0]) == self.args.batch_size
-        if self.time_seconds is not None and times is not None:
+        # Throughput counts the data read from the store: the decoded input and target values as
+        # delivered (float32), before the time features, which are computed, not read.
+        delivered = int(x.nbytes + y.nbytes)
+        if self.time_table is not None and times is not None:
             x = self._with_time_features(x, times)
         non_blocking = device.type == "cuda"
         return {"inputs": x.to(device, non_blocking=non_blocking), "targets": y.to(device, non_blocking=non_blocking),
-                "times": times, "samples": int(x.shape[0]), "bytes": int(x.nbytes + y.nbytes), "full": full}
+                "times": times, "samples": int(x.shape[0]), "bytes": delivered, "full": full}
 
     def _with_time_features(self, x: torch.Tensor, times: np.ndarray) -> torch.Tensor:
         """``x`` with the four time-of-day / day-of-year channels of each sample's time t appended
         (constant over the grid)."""
-        feats = torch.from_numpy(time_features(self.time_seconds[np.asarray(times, dtype=np.int64)]))
+        feats = torch.from_numpy(self.time_table[np.asarray(times, dtype=np.int64)])
         feats = feats.to(device=x.device, dtype=x.dtype).view(x.shape[0], 4, 1, 1).expand(-1, -1, *x.shape[-2:])
         return torch.cat([x, feats], dim=1)
 
@@ -387,7 +502,7 @@ class ForecastTask(Task):
                 # channels as the Loader's: history steps oldest first, the variables within each
                 x = torch.from_numpy(np.stack([data[n][idx - (self.history - 1) + k]
                                                for k in range(self.history) for n in self.inputs], axis=1)).to(device)
-                if self.time_seconds is not None:
+                if self.time_table is not None:
                     x = self._with_time_features(x, np.asarray(ts))
                 y = torch.from_numpy(np.stack([data[n][idx + self.lead] for n in self.targets], axis=1)).to(device)
                 pred = inner(x).float()
@@ -449,7 +564,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="input time steps t-N+1..t stacked as channels, oldest first (default 1)")
     p.add_argument("--time-features", action="store_true",
                    help="add sin/cos of the hour of day and the day of year of t as four constant input channels "
-                        "(from the store's time coordinate)")
+                        "(from the store's time coordinate, in its CF calendar)")
     p.add_argument("--val-fraction", type=float, default=0.1, help="held-out last fraction of the times (default 0.1)")
     p.add_argument("--loss", choices=sorted(LOSSES), default="mse", help="mse or hackathon (RMSE + 0.1 |std diff|)")
     p.add_argument("--encoder", default="resnet18", help="segmentation-models-pytorch encoder (default resnet18)")
@@ -471,7 +586,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args, "forecast", ForecastTask, sources, validation_table=validation_table,
         describe=lambda task: {
             "inputs": task.inputs, "targets": task.targets, "lead": task.lead, "history": task.history,
-            "time_features": task.time_seconds is not None, "input_channels": task.in_channels,
+            "time_features": task.time_table is not None, "input_channels": task.in_channels,
             "grid": [task.height, task.width], "times": task.times, "split": task.split},
         plot_title=lambda task: f"forecast U-Net ({args.encoder}), batch {args.batch_size}, "
                                 f"{task.height}x{task.width}x{len(task.inputs)}")

@@ -142,6 +142,9 @@ class SegmentTask(Task):
         if not np.issubdtype(np.dtype(self.group[self.labels].dtype), np.integer):
             raise SystemExit(f"segment: {self.labels} has dtype {self.group[self.labels].dtype}; labels must be integers")
         self.times, self.height, self.width = next(iter(shapes.values()))
+        # A label's size in the store (the Loader widens labels to int64 for the loss): what the
+        # throughput counts per label read.
+        self.label_itemsize = np.dtype(self.group[self.labels].dtype).itemsize
         frac = float(args.val_fraction)
         if not 0 <= frac < 1:
             raise SystemExit(f"segment: --val-fraction must be in [0, 1), got {frac}")
@@ -213,7 +216,11 @@ class SegmentTask(Task):
         settings = {"--inputs": ",".join(self.inputs), "--labels": self.labels, "--classes": self.classes,
                     "--model": a.model, "--weights-exponent": a.weights_exponent,
                     "--weights-normalize": a.weights_normalize, "--larc": bool(a.larc),
-                    "--gradient-lag": bool(a.gradient_lag), "--lr": a.lr, "--weight-decay": a.weight_decay}
+                    "--gradient-lag": bool(a.gradient_lag), "--lr": a.lr, "--weight-decay": a.weight_decay,
+                    "--batch-size": a.batch_size, "--val-fraction": a.val_fraction,
+                    "--stats": common.statistics_setting(self.stats),
+                    # NHWC kernels sum in another order: the same run in NCHW is not bit-identical
+                    "--channels-last": bool(a.channels_last)}
         if a.model == "tiramisu":
             settings.update({"--growth-rate": a.growth_rate,
                              "--tiramisu-layers": ",".join(map(str, self.tiramisu_layers)),
@@ -256,8 +263,11 @@ class SegmentTask(Task):
         tensors = to_torch(raw)
         x, y, times = tensors["inputs"], tensors["targets"], np.asarray(raw["times"])
         full = len(times) == self.args.batch_size
+        # Throughput counts the data read from the store: the decoded inputs as delivered
+        # (float32), the labels at their stored size, not the int64 they are widened to.
+        delivered = int(x.nbytes) + int(y.numel()) * self.label_itemsize
         return {"inputs": self._to(x, device), "targets": y.to(device, non_blocking=device.type == "cuda"),
-                "times": times, "samples": int(x.shape[0]), "bytes": int(x.nbytes + y.nbytes), "full": full}
+                "times": times, "samples": int(x.shape[0]), "bytes": delivered, "full": full}
 
     def _to(self, x: torch.Tensor, device: torch.device) -> torch.Tensor:
         x = x.to(device, non_blocking=device.type == "cuda")

@@ -1,12 +1,14 @@
 """A short CPU training run that shows the segmentation pieces learn: ``python -m
 zfeed.recipes.segment_smoke``.
 
-It writes CAM5-like data with ``zfeed synth cam5`` (a small grid), computes the input statistics
-with ``zfeed stats`` (inputs only: the labels stay integers), reads batches with :class:`zfeed.Loader`
-(labels int64 ``[batch, lat, lon]``), trains a small model with the frequency-weighted cross
-entropy, and reports the IoU per class on held-out data (another seed) next to that of a model predicting
-background everywhere (IoU 0 for cyclones and rivers). Exit status 1 when cyclone or river IoU is
-not above ``--min-iou``.
+It writes CAM5-like data with ``zfeed synth cam5`` (a small grid), computes the training store's
+input statistics with ``zfeed stats`` (inputs only: the labels stay integers), reads batches with
+:class:`zfeed.Loader` (labels int64 ``[batch, lat, lon]``), trains a small model with the
+frequency-weighted cross entropy, and reports the IoU per class on held-out data (another seed)
+next to that of a model predicting background everywhere (IoU 0 for cyclones and rivers). The
+held-out data are normalized with the training store's statistics, as the model was trained
+(never with statistics of their own). Exit status 1 when cyclone or river IoU is not above
+``--min-iou``.
 """
 
 from __future__ import annotations
@@ -36,24 +38,41 @@ def _zfeed_command() -> list[str]:
     return [exe]
 
 
-def make_data(path: str, lat: int, lon: int, times: int, seed: int = 0) -> None:
-    """``zfeed synth cam5`` then ``zfeed stats`` on the 16 input channels."""
+def make_data(path: str, lat: int, lon: int, times: int, seed: int = 0, stats: bool = True) -> None:
+    """``zfeed synth cam5`` then (``stats``: a training store) ``zfeed stats`` on the 16 input
+    channels."""
     zfeed = _zfeed_command()
     subprocess.run(zfeed + ["synth", "cam5", path, "--lat", str(lat), "--lon", str(lon), "--times", str(times),
                             "--seed", str(seed), "--overwrite", "-q"], check=True)
-    subprocess.run(zfeed + ["stats", path, "--variables", ",".join(CHANNELS)], check=True,
-                   stdout=subprocess.DEVNULL)
+    if stats:
+        subprocess.run(zfeed + ["stats", path, "--variables", ",".join(CHANNELS)], check=True,
+                       stdout=subprocess.DEVNULL)
+
+
+def training_statistics(train_path: str) -> dict:
+    """``{channel: (mean, std)}`` of the training store: its ``zfeed_stats``, else computed over
+    all its times (``zfeed stats --no-write``)."""
+    import zfeed
+
+    from .forecast import resolve_statistics
+
+    group = zfeed.open(train_path)
+    stats, _ = resolve_statistics(train_path, group, CHANNELS, group[CHANNELS[0]].shape[0], "store",
+                                  recipe="segment_smoke")
+    return stats
 
 
 def run(train_path: str, val_path: str, model_name: str = "deeplabv3plus", steps: int = 100, batch_size: int = 4,
         lr: float = 1e-3, exponent: float = 0.5, larc: bool = False, lag: int = 0, precision: str = "fp32",
         channels_last: bool = True, seed: int = 0, model_options: dict | None = None, log=print) -> dict:
-    """Train ``steps`` steps on ``train_path`` and return the metrics on ``val_path``."""
+    """Train ``steps`` steps on ``train_path`` and return the metrics on ``val_path``, both
+    normalized with the training store's statistics (:func:`training_statistics`)."""
     import zfeed
     from zfeed.torch import to_torch
     torch.manual_seed(seed)
+    stats = training_statistics(train_path)
     loader = zfeed.Loader(train_path, inputs=CHANNELS, targets=["labels"], lead=0, batch_size=batch_size,
-                          seed=seed, rank=0, world_size=1)
+                          seed=seed, rank=0, world_size=1, normalize=stats)
     options = dict(model_options or {})
     if model_name.startswith("deeplab"):
         options.setdefault("encoder", "resnet18")
@@ -110,8 +129,10 @@ def run(train_path: str, val_path: str, model_name: str = "deeplabv3plus", steps
 
     model.eval()
     cm, background = ConfusionMatrix(3), ConfusionMatrix(3)
+    # The model learned on inputs normalized with the training statistics: the held-out inputs get
+    # the same, whatever statistics the held-out store carries.
     val = zfeed.Loader(val_path, inputs=CHANNELS, targets=["labels"], lead=0, batch_size=batch_size, shuffle=False,
-                       drop_last=False, rank=0, world_size=1)
+                       drop_last=False, rank=0, world_size=1, normalize=stats)
     with torch.no_grad():
         for batch in val:
             b = to_torch(batch)
@@ -136,7 +157,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m zfeed.recipes.segment_smoke", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="tiramisu", help="tiramisu (default) or deeplabv3plus")
-    parser.add_argument("--train", help="an existing cam5 store with stats (default: synthesize one)")
+    parser.add_argument("--train", help="an existing cam5 store (its zfeed_stats normalize training and "
+                                        "validation; computed where missing; default: synthesize one)")
     parser.add_argument("--val", help="an existing held-out cam5 store (default: synthesize one, another seed)")
     parser.add_argument("--lat", type=int, default=48)
     parser.add_argument("--lon", type=int, default=72)
@@ -162,7 +184,7 @@ def main(argv=None) -> int:
             make_data(train, args.lat, args.lon, args.times, seed=args.seed)
         if val is None:
             val = os.path.join(tmp, "val.zarr")
-            make_data(val, args.lat, args.lon, args.val_times, seed=args.seed + 1000)
+            make_data(val, args.lat, args.lon, args.val_times, seed=args.seed + 1000, stats=False)
         result = run(train, val, args.model, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
                      exponent=args.exponent, larc=args.larc, lag=args.lag, precision=args.precision,
                      seed=args.seed)
