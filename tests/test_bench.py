@@ -198,6 +198,9 @@ def test_bench_refuses_a_bad_store_or_result_in_one_line(tmp_path, two_variable_
     _one_line_error(done, "--from-json", "missing.json", "No such file")
     done = run("bench", "--from-json", two_variable_store / "zarr.json", ok=False)
     _one_line_error(done, "--from-json", "is not a result of zfeed bench --json")
+    # A 10-step store alone would be compared with a synthetic store of other values.
+    done = run("bench", "--chunked-store", two_variable_store, "--quick", "--workdir", tmp_path, ok=False)
+    _one_line_error(done, f"--chunked-store {two_variable_store} needs --store")
 
 
 def test_bench_refuses_stores_too_short_for_one_batch_up_front(tmp_path, small_store):

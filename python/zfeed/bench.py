@@ -765,6 +765,10 @@ def store_labels(args, kinds: list[str]) -> dict[str, str]:
 
 
 def prepare_stores(args, kinds: list[str], variables: list[str], grid: tuple[int, int]) -> dict[str, Path]:
+    if args.chunked_store and not args.store:
+        # Its figures are compared with the 1-step store's: the same values, chunked otherwise.
+        fail(f"--chunked-store {args.chunked_store} needs --store, the 1-step store of the same values "
+             "it is compared with")
     if not args.store:
         if args.times - 1 < args.batch_size:
             fail(f"--times {args.times} makes {args.times - 1} samples of t -> t+1: fewer than one batch of "
