@@ -104,6 +104,27 @@ std::string xml_unescape(std::string_view text) {
 }
 
 // What an S3 error body says: "NoSuchBucket: The specified bucket does not exist".
+// S3's error code ("SlowDown") from an error body, or "".
+std::string s3_error_code(const Bytes& body) {
+  const std::string_view xml(reinterpret_cast<const char*>(body.data()), body.size());
+  const auto code = xml_element(xml, "Code");
+  return code ? std::string(*code) : std::string();
+}
+
+// Whether a response says the service throttles: worth waiting longer for.
+bool throttled(long status, const std::string& code) {
+  return status == 429 || status == 503 || code == "SlowDown" || code == "Throttling" ||
+         code == "ThrottlingException" || code == "RequestLimitExceeded" ||
+         code == "TooManyRequestsException";
+}
+
+// Errors that may pass on their own: 5xx but "not implemented" and "version not supported",
+// 408, S3's timeouts and throttling (which S3 may send as 400).
+bool may_pass(long status, const std::string& code) {
+  return (status >= 500 && status != 501 && status != 505) || status == 408 ||
+         throttled(status, code) || code == "RequestTimeout" || code == "PriorRequestNotComplete";
+}
+
 std::string s3_error_text(const Bytes& body) {
   const std::string_view xml(reinterpret_cast<const char*>(body.data()), body.size());
   const auto code = xml_element(xml, "Code");
@@ -252,6 +273,7 @@ class HttpStore final : public Store {
     out.clear();
     if (range.kind != ByteRange::Kind::kAll) out.reserve(range.length);
     Response response = perform("GET", key_url(key), where, range_header, {}, &out);
+    if (forbidden_as_missing(response)) return false;
     if (response.status == 404) {
       // A missing key reads as absent (a missing chunk is the fill value); a missing bucket is an
       // error, which only a GET's body tells apart.
@@ -301,7 +323,13 @@ class HttpStore final : public Store {
     const std::string where = options_.display_url + "/" + std::string(key);
     Response response = perform("HEAD", key_url(key), where, "", {}, nullptr);
     if (response.status == 404) return std::nullopt;
-    if (response.status != 200) throw status_error(where, response);
+    if (response.status != 200) {
+      // A HEAD's error has no body: a GET of the first byte says S3's error code and message.
+      Bytes first_byte;
+      Response detail = perform("GET", key_url(key), where, "Range: bytes=0-0", {}, &first_byte);
+      if (forbidden_as_missing(detail)) return std::nullopt;
+      throw status_error(where, detail.status == response.status ? detail : response);
+    }
     if (response.content_length < 0) {
       throw Error(where + ": the server did not say the value's size (no Content-Length)");
     }
@@ -431,16 +459,54 @@ class HttpStore final : public Store {
     if (!response.bucket_region.empty() && response.bucket_region != options_.region) {
       message += "; the bucket is in region " + response.bucket_region + ", not " +
                  options_.region + ": set AWS_REGION=" + response.bucket_region;
-    } else if (response.status == 403 && options_.access_key.empty() && options_.s3) {
-      message += "; the request was unsigned (no AWS_ACCESS_KEY_ID)";
+    } else if (response.status == 403 && options_.s3) {
+      message += forbidden_hint(s3_error_code(response.body));
     }
     return Error(message);
+  }
+
+  // What a 403 from an S3 API may mean, by how the request was made.
+  std::string forbidden_hint(const std::string& code) const {
+    if (options_.display_url.starts_with("gs://")) {
+      return "; the request was unsigned (zfeed reads public gs:// data; for private buckets use "
+             "an S3 endpoint with HMAC keys)";
+    }
+    if (options_.access_key.empty()) {
+      const std::string no_sign = environment("AWS_NO_SIGN_REQUEST");
+      if (!no_sign.empty() && no_sign != "0" && no_sign != "false") {
+        return "; the request was unsigned (AWS_NO_SIGN_REQUEST=" + no_sign + ")";
+      }
+      std::string hint =
+          "; the request was unsigned (no AWS_ACCESS_KEY_ID in the environment or "
+          "the AWS profile";
+      for (const char* other : {"AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+                                "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI"}) {
+        if (!environment(other).empty()) {
+          hint += std::string("; zfeed does not read role credentials (") + other +
+                  " is set): export keys with `aws configure export-credentials --format env`";
+          break;
+        }
+      }
+      return hint + ")";
+    }
+    if (code == "AccessDenied" || code.empty()) {
+      return "; S3 answers 403 for a missing key when the credentials lack s3:ListBucket: grant "
+             "it, or set ZFEED_S3_FORBIDDEN_IS_MISSING=1 to read such keys as missing";
+    }
+    return "";
+  }
+
+  // A 403 read as a missing key, where ZFEED_S3_FORBIDDEN_IS_MISSING asks for it.
+  bool forbidden_as_missing(const Response& response) const {
+    return options_.forbidden_is_missing && response.status == 403 &&
+           !s3_error_text(response.body).starts_with("InvalidAccessKeyId") &&
+           !s3_error_text(response.body).starts_with("SignatureDoesNotMatch");
   }
 
   // Before retry `attempt + 1`: the doubled delay, drawn between half and all of it, and at
   // least the server's Retry-After (capped: a read must not wait minutes).
   std::chrono::milliseconds retry_delay(int attempt, long retry_after_s) const {
-    const long full = options_.retry_delay_ms << std::min(attempt, 16);
+    const long full = std::min(options_.retry_delay_ms << std::min(attempt, 16), 20'000L);
     thread_local std::minstd_rand random(
         static_cast<unsigned>(std::hash<std::thread::id>()(std::this_thread::get_id())));
     const long drawn =
@@ -480,11 +546,13 @@ class HttpStore final : public Store {
           perform_once(method, url, range_header, upload, sink, response, error_text);
       if (response.failure) std::rethrow_exception(response.failure);
       const bool failed = code != CURLE_OK;
-      const bool retry =
-          failed ? transient(code)
-                 : (response.status >= 500 && response.status != 501 && response.status != 505) ||
-                       response.status == 429 || response.status == 408;
-      if (!retry || attempt >= options_.retries) {
+      const std::string error_code =
+          !failed && response.status >= 400 ? s3_error_code(*sink) : std::string();
+      const bool retry = failed ? transient(code) : may_pass(response.status, error_code);
+      const int attempts_left = !failed && throttled(response.status, error_code)
+                                    ? options_.throttle_retries
+                                    : options_.retries;
+      if (!retry || attempt >= attempts_left) {
         if (failed) {
           std::string message = where + ": " + curl_easy_strerror(code);
           if (error_text[0] != '\0') message += " (" + std::string(error_text) + ")";
@@ -492,7 +560,7 @@ class HttpStore final : public Store {
           throw Error(message);
         }
         if (body && response.status >= 300) response.body = Bytes(body->view());
-        if (attempt > 0 && (response.status >= 500 || response.status == 429)) {
+        if (retry && attempt > 0) {  // still failing once the attempts are spent
           Error error = status_error(where, response);
           throw Error(std::string(error.what()) + " after " + std::to_string(attempt + 1) +
                       " attempts");
@@ -552,6 +620,7 @@ class HttpStore final : public Store {
     if (!ca_bundle.empty()) curl_easy_setopt(handle, CURLOPT_CAINFO, ca_bundle.c_str());
     // A plain HTTP server may redirect (a CDN); a signed request must not follow one.
     curl_easy_setopt(handle, CURLOPT_FOLLOWLOCATION, options_.s3 ? 0L : 1L);
+    curl_easy_setopt(handle, CURLOPT_MAXREDIRS, 10L);  // a redirect loop is an error, not a storm
     const std::string_view verb = method;
     if (verb == "HEAD") {
       curl_easy_setopt(handle, CURLOPT_NOBODY, 1L);
@@ -722,7 +791,13 @@ HttpStoreOptions http_store_options(std::string_view url) {
     }
     options.base_url = std::string(url);
     while (options.base_url.ends_with('/')) options.base_url.pop_back();
-    options.display_url = options.base_url;  // without the query: it may hold a secret
+    // Without the query and the user:password@ of the authority: either may hold a secret.
+    options.display_url = options.base_url;
+    const size_t authority = options.display_url.find("://") + 3;
+    const size_t at = options.display_url.find('@', authority);
+    if (at != std::string::npos && at < options.display_url.find('/', authority)) {
+      options.display_url.erase(authority, at + 1 - authority);
+    }
     return options;
   }
   const bool google = url.starts_with("gs://");
@@ -767,6 +842,8 @@ HttpStoreOptions http_store_options(std::string_view url) {
   options.display_url =
       std::string(google ? "gs://" : "s3://") + bucket + (prefix.empty() ? "" : "/" + prefix);
 
+  const std::string forbidden = environment("ZFEED_S3_FORBIDDEN_IS_MISSING");
+  options.forbidden_is_missing = forbidden == "1" || forbidden == "true";
   const std::string no_sign = environment("AWS_NO_SIGN_REQUEST");
   const bool unsigned_requests =
       google || no_sign == "1" || no_sign == "true" || no_sign == "TRUE" || no_sign == "yes";

@@ -45,6 +45,13 @@ struct HttpStoreOptions {
   // server's Retry-After asks (up to 20 s).
   int retries = 5;
   long retry_delay_ms = 100;
+  // Attempts after the first when the service throttles (429, 503, S3's SlowDown): throttling
+  // lasts while the service adds capacity, so these wait longer, each delay up to 20 s.
+  int throttle_retries = 10;
+  // S3 answers 403 (AccessDenied), not 404, for a missing key when the credentials lack
+  // s3:ListBucket; ZFEED_S3_FORBIDDEN_IS_MISSING=1 reads such keys as missing (a missing chunk
+  // is then the fill value, as for a 404), where granting ListBucket is not possible.
+  bool forbidden_is_missing = false;
   // Reads to keep in flight (ZFEED_IO_THREADS).
   size_t concurrency = 32;
 };

@@ -101,17 +101,85 @@ TEST(HttpStore, ALastingErrorNamesTheKeyTheStatusAndTheAttempts) {
     FAIL();
   } catch (const Error& error) {
     const std::string message = error.what();
+    // Throttling is waited out longer than other errors (throttle_retries).
     EXPECT_NE(message.find(server.url() + "/k: HTTP 503 (SlowDown: Please reduce your request "
-                                          "rate) after 6 attempts"),
+                                          "rate) after 11 attempts"),
               std::string::npos)
         << message;
   }
+  EXPECT_EQ(server.requests.load(), 11);
+  // A server error, five retries.
+  server.requests = 0;
+  server.failure_status = 500;
+  {
+    std::lock_guard lock(server.mutex());
+    server.failure_code = "InternalError";
+  }
+  EXPECT_CONTAINS(error_of([&] { store->get("k"); }),
+                  "/k: HTTP 500 (InternalError: Failing) after 6 attempts");
   EXPECT_EQ(server.requests.load(), 6);
   // An error that will not pass is not retried.
+  server.requests = 0;
   server.failures_left = 100;
   server.failure_status = 403;
   EXPECT_THROW(store->get("k"), Error);
-  EXPECT_EQ(server.requests.load(), 7);
+  EXPECT_EQ(server.requests.load(), 1);
+}
+
+TEST(HttpStore, RetriesS3sTimeoutsThatComeAs400) {
+  TestServer server;
+  server.put("bucket/k", "value");
+  {
+    std::lock_guard lock(server.mutex());
+    server.failure_code = "RequestTimeout";  // "Your socket connection ... was not read from"
+  }
+  server.failure_status = 400;
+  server.failures_left = 1;
+  auto store = make_http_store(s3_options(server, ""));
+  store->set("k", as_bytes("new value"));  // the upload is sent again, not lost
+  EXPECT_EQ(server.requests.load(), 2);
+  EXPECT_EQ(text(*store->get("k")), "new value");
+}
+
+TEST(HttpStore, ARedirectLoopIsAnErrorNotAStorm) {
+  TestServer server;
+  server.redirect_loop = true;
+  auto store = make_http_store(quick(server.url()));
+  EXPECT_CONTAINS(error_of([&] { store->get("k"); }), "/k: ");
+  EXPECT_LE(server.requests.load(), 11);
+}
+
+TEST(HttpStore, A403SaysWhyAndCanReadAsMissing) {
+  TestServer server;
+  server.put("bucket/k", "value");
+  auto options = s3_options(server, "");
+  options.access_key = "AKIDEXAMPLE";
+  options.secret_key = "secret";
+  auto store = make_http_store(options);
+  {
+    std::lock_guard lock(server.mutex());
+    server.failure_code = "AccessDenied";
+  }
+  server.failure_status = 403;
+  // A HEAD has no error body: the store asks again by GET to name S3's code.
+  server.failures_left = 2;
+  const std::string error = error_of([&] { store->size("missing"); });
+  EXPECT_CONTAINS(error, "/missing: HTTP 403 (AccessDenied: Failing)");
+  EXPECT_CONTAINS(error, "lack s3:ListBucket");
+  EXPECT_CONTAINS(error, "ZFEED_S3_FORBIDDEN_IS_MISSING=1");
+  // Where asked, such keys read as missing.
+  options.forbidden_is_missing = true;
+  auto lenient = make_http_store(options);
+  server.failures_left = 3;
+  EXPECT_FALSE(lenient->get("missing"));
+  EXPECT_FALSE(lenient->size("missing"));
+  EXPECT_EQ(server.failures_left.load(), 0);
+  // Unsigned requests say so instead.
+  options.forbidden_is_missing = false;
+  options.access_key.clear();
+  server.failures_left = 1;
+  EXPECT_CONTAINS(error_of([&] { make_http_store(options)->get("k"); }),
+                  "the request was unsigned");
 }
 
 TEST(HttpStore, AServerThatIsNotThereIsAnErrorNamingTheUrl) {
@@ -242,6 +310,14 @@ TEST(HttpStore, AForkedChildOpensItsOwnConnections) {
   EXPECT_EQ(WEXITSTATUS(status), 0);
   const auto values = store->get_many(requests);
   for (int i = 0; i < 40; ++i) EXPECT_EQ(text(*values[i]), "value " + std::to_string(i));
+}
+
+TEST(HttpStore, AUrlsPasswordAndQueryStayOutOfMessages) {
+  const auto options = http_store_options("https://user:s3cret@example.com/data.zarr/?sig=abc");
+  EXPECT_EQ(options.display_url, "https://example.com/data.zarr");
+  EXPECT_EQ(options.base_url, "https://user:s3cret@example.com/data.zarr");
+  EXPECT_EQ(http_store_options("https://example.com/a@b/data.zarr").display_url,
+            "https://example.com/a@b/data.zarr");
 }
 
 TEST(HttpStore, OptionsFromUrls) {

@@ -90,6 +90,7 @@ class TestServer {
   }
 
   std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  std::mutex& mutex() { return mutex_; }  // guards failure_code and the objects
 
   void put(const std::string& key, const std::string& value) {
     std::lock_guard lock(mutex_);
@@ -104,6 +105,8 @@ class TestServer {
 
   std::atomic<int> failures_left{0};
   std::atomic<int> failure_status{503};
+  std::string failure_code = "SlowDown";   // S3's error code in a failure's body (under the lock)
+  std::atomic<bool> redirect_loop{false};  // every request redirected to itself
   std::atomic<bool> ignore_range{false};
   std::atomic<bool> stall{false};
   std::atomic<bool> unknown_total{false};  // partial responses say "bytes a-b/*"
@@ -199,10 +202,18 @@ class TestServer {
     const std::string target = request_line.substr(space + 1, request_line.rfind(' ') - space - 1);
     if (failures_left > 0) {
       --failures_left;
+      std::string code;
+      {
+        std::lock_guard lock(mutex_);
+        code = failure_code;
+      }
       return reply(failure_status, "Failing",
-                   "<Error><Code>SlowDown</Code><Message>Please reduce your request "
-                   "rate</Message></Error>");
+                   "<Error><Code>" + code + "</Code><Message>" +
+                       (code == "SlowDown" ? "Please reduce your request rate" : "Failing") +
+                       "</Message></Error>",
+                   "", method == "HEAD");
     }
+    if (redirect_loop) return reply(302, "Found", "", "Location: " + target + "\r\n");
     const size_t question = target.find('?');
     const std::string path = percent_decode(target.substr(1, question - 1));
     std::lock_guard lock(mutex_);
