@@ -253,6 +253,13 @@ class HttpStore final : public Store {
   }
 
   bool get_into(std::string_view key, ByteRange range, Bytes& out) const override {
+    std::optional<uint64_t> value_size;
+    return get_into_sized(key, range, out, value_size);
+  }
+
+  bool get_into_sized(std::string_view key, ByteRange range, Bytes& out,
+                      std::optional<uint64_t>& value_size) const override {
+    value_size.reset();
     check_key(key);
     const std::string where = options_.display_url + "/" + std::string(key);
     if (range.kind != ByteRange::Kind::kAll && range.length == 0) {
@@ -260,6 +267,7 @@ class HttpStore final : public Store {
       const auto found = size(key);
       if (!found) return false;
       range.resolve(*found, where);
+      value_size = found;
       out.clear();
       return true;
     }
@@ -289,6 +297,7 @@ class HttpStore final : public Store {
       throw Error(where + ": " + range.describe() + " is past the end of the value");
     }
     if (response.status == 200) {
+      value_size = out.size();
       if (range.kind == ByteRange::Kind::kAll) return true;
       // The server ignored the range and sent the whole value.
       const auto [begin, length] = range.resolve(out.size(), where);
@@ -313,6 +322,7 @@ class HttpStore final : public Store {
         throw Error(where + ": asked for " + range.describe() + ", the server sent " +
                     std::to_string(out.size()) + " bytes from byte " + std::to_string(*first));
       }
+      value_size = total;
       return true;
     }
     throw status_error(where, response);

@@ -10,6 +10,7 @@
 #include "zfeed/store/http_testing.h"
 #include "zfeed/util/error.h"
 #include "zfeed/util/testing.h"
+#include "zfeed/zarr/array.h"
 
 namespace zfeed {
 namespace {
@@ -310,6 +311,33 @@ TEST(HttpStore, AForkedChildOpensItsOwnConnections) {
   EXPECT_EQ(WEXITSTATUS(status), 0);
   const auto values = store->get_many(requests);
   for (int i = 0; i < 40; ++i) EXPECT_EQ(text(*values[i]), "value " + std::to_string(i));
+}
+
+TEST(HttpStore, AnInnerChunkOfAShardIsTwoRequests) {
+  TestServer server;
+  auto store = make_http_store(s3_options(server, "x.zarr"));
+  const Json metadata = {
+      {"zarr_format", 3},
+      {"node_type", "array"},
+      {"shape", {16, 16}},
+      {"data_type", "float32"},
+      {"chunk_grid", {{"name", "regular"}, {"configuration", {{"chunk_shape", {8, 8}}}}}},
+      {"chunk_key_encoding", {{"name", "default"}}},
+      {"fill_value", 0},
+      {"codecs", Json::parse(R"([{"name": "sharding_indexed", "configuration": {
+          "chunk_shape": [4, 4], "codecs": [{"name": "bytes", "configuration": {"endian": "little"}},
+          {"name": "zstd"}]}}])")}};
+  auto array = zarr::Array::create(store, "t", zarr::ArrayMetadata::parse_v3(metadata));
+  std::vector<float> values(256);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = float(i);
+  array.write(array.full_selection(), values.data());
+  server.requests = 0;
+  float one = 0;
+  array.read({{9, 10, 1}, {13, 14, 1}}, &one);
+  EXPECT_EQ(one, values[9 * 16 + 13]);
+  // The index (its response says the shard's size, which bounds its entries) and the inner chunk:
+  // no HEAD in between.
+  EXPECT_EQ(server.requests.load(), 2);
 }
 
 TEST(HttpStore, AUrlsPasswordAndQueryStayOutOfMessages) {

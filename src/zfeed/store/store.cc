@@ -38,6 +38,13 @@ bool Store::get_into(std::string_view key, ByteRange range, Bytes& out) const {
   return true;
 }
 
+bool Store::get_into_sized(std::string_view key, ByteRange range, Bytes& out,
+                           std::optional<uint64_t>& value_size) const {
+  if (!get_into(key, range, out)) return false;
+  value_size = size(key);
+  return true;
+}
+
 std::pair<uint64_t, uint64_t> ByteRange::resolve(uint64_t size, std::string_view where) const {
   uint64_t begin = 0, selected = size;
   if (kind == Kind::kRange) {

@@ -51,6 +51,12 @@ class Store {
   // Like get, but reads into `out` (reusing its capacity). Returns false if the key is missing.
   virtual bool get_into(std::string_view key, ByteRange range, Bytes& out) const;
 
+  // get_into, also saying the whole value's size (nullopt where unknown): a shard's index, read
+  // by range, is checked against it. By default a size() after the read; a remote store takes it
+  // from the response, sparing a request per shard read.
+  virtual bool get_into_sized(std::string_view key, ByteRange range, Bytes& out,
+                              std::optional<uint64_t>& value_size) const;
+
   // Calls `use` with the value's bytes in `range`, valid only during the call, and returns true;
   // returns false (without calling it) if the key does not exist. For reads that consume the
   // bytes at once (a decode): the default reads them into a buffer of the thread's; the

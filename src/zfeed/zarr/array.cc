@@ -83,8 +83,14 @@ struct Source {
   uint64_t offset = 0;
   uint64_t length = 0;
 
-  bool fetch(ByteRange range, Bytes& out) const {
-    if (!windowed) return store.get_into(key, range, out);
+  // Reads `range` of the value (window) into `out`; `value_size`, where given, is set to the whole
+  // value's (window's) size where known.
+  bool fetch(ByteRange range, Bytes& out, std::optional<uint64_t>* value_size = nullptr) const {
+    if (!windowed) {
+      if (!value_size) return store.get_into(key, range, out);
+      return store.get_into_sized(key, range, out, *value_size);
+    }
+    if (value_size) *value_size = length;
     ByteRange absolute;
     switch (range.kind) {
       case ByteRange::Kind::kAll:
@@ -182,8 +188,9 @@ void read_region(const CodecChain& chain, const Source& source, const Region& re
     ByteRange index_range = sharding->index_at_end() ? ByteRange::suffix(sharding->index_size())
                                                      : ByteRange::range(0, sharding->index_size());
     bool found = false;
+    std::optional<uint64_t> shard_size;
     try {
-      found = source.fetch(index_range, index_bytes.bytes());
+      found = source.fetch(index_range, index_bytes.bytes(), &shard_size);
     } catch (const Error&) {
       // A shard shorter than its index: said as the sharding codec says it of a whole shard.
       const std::optional<uint64_t> size =
@@ -198,9 +205,8 @@ void read_region(const CodecChain& chain, const Source& source, const Region& re
     if (!found) return fill_region();
     ShardIndex index;
     try {
-      // Bound every entry by the shard's size, so a corrupt index is reported as such.
-      std::optional<uint64_t> shard_size =
-          source.windowed ? std::optional<uint64_t>(source.length) : source.store.size(source.key);
+      // Bound every entry by the shard's size (where known), so a corrupt index is reported as
+      // such.
       index = sharding->decode_index(index_bytes.bytes(), shard_size);
     } catch (...) {
       rethrow_with_context(source.where());
