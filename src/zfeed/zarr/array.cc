@@ -1,8 +1,10 @@
 #include "zfeed/zarr/array.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <functional>
+#include <mutex>
 
 #include "zfeed/codec/sharding.h"
 #include "zfeed/util/box_copy.h"
@@ -607,6 +609,20 @@ void Array::read_many(std::span<const Selection> selections, std::span<void* con
       });
 }
 
+namespace {
+
+// Writes of one chunk (or shard) in this process take turns: a write that covers part of it
+// reads, changes and stores it back, and two at once (threads writing neighbouring time steps
+// of one shard) would each store their own change over the other's. Striped by the value's URL,
+// so that two Array objects of one store share the lock.
+std::mutex& chunk_write_lock(const Store& store, const std::string& key) {
+  static std::array<std::mutex, 256> locks;
+  const size_t hash = std::hash<std::string>()(store.url()) ^ std::hash<std::string>()(key);
+  return locks[hash % locks.size()];
+}
+
+}  // namespace
+
 void Array::write(const Selection& selection, const void* in_ptr) const {
   const ArrayMetadata& meta = *metadata_;
   check_selection(selection, meta);
@@ -640,6 +656,7 @@ void Array::write(const Selection& selection, const void* in_ptr) const {
              (step[d] == 1 || count[d] == 1);
     }
     std::string key = chunk_key(chunk_index);
+    std::lock_guard turn(chunk_write_lock(*store_, key));
     const uint8_t* values;
     ScratchBuffer chunk;
     if (full && is_contiguous(count, in_shape)) {

@@ -366,6 +366,29 @@ TEST(Array, V2OrderFAndBigEndianRoundTrip) {
   EXPECT_EQ(zarray["compressor"]["id"], "zstd");
 }
 
+TEST(Array, ThreadsWritingPartsOfOneShardLoseNothing) {
+  // Time steps of one shard written by threads at once, as a convert script's workers would.
+  auto store = make_memory_store();
+  const std::string codecs =
+      R"([{"name": "sharding_indexed", "configuration": {"chunk_shape": [1, 8],
+      "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}]}}])";
+  Array array = Array::create(store, "s", v3_meta("float32", {32, 8}, {32, 8}, codecs, "\"NaN\""));
+  std::vector<std::thread> writers;
+  for (uint64_t w = 0; w < 8; ++w) {
+    writers.emplace_back([&, w] {
+      Array mine = Array::open(store, "s");
+      for (uint64_t t = w; t < 32; t += 8) {
+        std::vector<float> row(8, float(t));
+        mine.write({{t, t + 1, 1}, {0, 8, 1}}, row.data());
+      }
+    });
+  }
+  for (auto& writer : writers) writer.join();
+  std::vector<float> values(32 * 8);
+  array.read(array.full_selection(), values.data());
+  for (uint64_t t = 0; t < 32; ++t) EXPECT_EQ(values[t * 8], float(t)) << "step " << t;
+}
+
 TEST(Array, ShardedPartialReadFetchesIndexAndOneInnerChunk) {
   auto store = std::make_shared<testing::WatchedStore>(make_memory_store());
   ReadLog log(*store);
