@@ -6,6 +6,8 @@ from __future__ import annotations
 import gc
 import resource
 
+import time
+
 import numpy as np
 import pytest
 
@@ -181,6 +183,58 @@ def test_epochs_shuffle_deterministically(era5):
     again = zfeed.Loader(path, inputs=["t2m"], targets=["t2m"], batch_size=8, seed=5)
     again.set_epoch(1)
     assert all(np.array_equal(a, b["times"]) for a, b in zip(epoch1, again))
+
+
+def test_set_epoch_starts_an_epoch_that_is_over_again(era5):
+    """A validation loader set to epoch 0 before each evaluation reads the same samples each time
+    (set_epoch of the epoch just finished used to be ignored, and the next epoch ran)."""
+    path, _ = era5
+    loader = zfeed.Loader(path, inputs=["t2m"], targets=["t2m"], batch_size=8, seed=5)
+    first = [b["times"].copy() for b in loader]
+    loader.set_epoch(0)
+    assert loader.epoch == 0
+    assert all(np.array_equal(a, b["times"]) for a, b in zip(first, loader))
+
+
+def test_threads_sharing_a_loader_take_turns(era5):
+    """Two threads iterating one loader share its batches (each once, none lost); a set_epoch from
+    a third while they iterate neither hangs nor crashes them."""
+    import threading
+
+    path, _ = era5
+    loader = zfeed.Loader(path, inputs=["t2m"], targets=["t2m"], batch_size=4, seed=5, drop_last=False)
+    seen = [[], []]
+    errors = []
+
+    def iterate(mine):
+        try:
+            for batch in loader:
+                mine.append(batch["times"].copy())
+        except Exception as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=iterate, args=(seen[i],)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not any(thread.is_alive() for thread in threads) and not errors, errors
+    times = np.sort(np.concatenate(seen[0] + seen[1]))
+    assert np.array_equal(times, np.sort(np.concatenate([b["times"] for b in zfeed.Loader(
+        path, inputs=["t2m"], targets=["t2m"], batch_size=4, seed=5, drop_last=False)])))
+
+    def set_epochs():
+        for epoch in range(10, 30):
+            loader.set_epoch(epoch)
+            time.sleep(0.002)
+
+    setter = threading.Thread(target=set_epochs)
+    reader = threading.Thread(target=iterate, args=([],))
+    setter.start()
+    reader.start()
+    setter.join(timeout=60)
+    reader.join(timeout=60)  # the epoch it is in when the setter is done runs to its end
+    assert not reader.is_alive() and not setter.is_alive() and not errors, errors
 
 
 def reference_order(n, seed, epoch):

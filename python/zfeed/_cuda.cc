@@ -293,6 +293,7 @@ void bind_cuda(nb::module_& m) {
              std::optional<DeviceBatch> batch;
              {
                nb::gil_scoped_release release;
+               std::lock_guard turn(loader.calls_mutex());  // threads share loaders
                batch = loader.next();
              }
              if (!batch) return nb::none();
@@ -307,19 +308,39 @@ void bind_cuda(nb::module_& m) {
                                    numpy_copy(batch->times, {batch->size}), batch->epoch,
                                    batch->index, numpy_copy(batch->crops, {batch->size, 2}));
            })
-      .def("set_epoch", &DeviceLoader::set_epoch, "epoch"_a,
-           nb::call_guard<nb::gil_scoped_release>())
-      .def("begin_iteration", &DeviceLoader::begin_iteration,
-           nb::call_guard<nb::gil_scoped_release>())
+      .def(
+          "set_epoch",
+          [](DeviceLoader& loader, uint64_t epoch) {
+            nb::gil_scoped_release release;
+            std::lock_guard turn(loader.calls_mutex());
+            loader.set_epoch(epoch);
+          },
+          "epoch"_a)
+      .def("begin_iteration",
+           [](DeviceLoader& loader) {
+             nb::gil_scoped_release release;
+             std::lock_guard turn(loader.calls_mutex());
+             loader.begin_iteration();
+           })
       .def_prop_ro("epoch", &DeviceLoader::epoch)
       .def_prop_ro("position", &DeviceLoader::position)
       .def_prop_ro("device", &DeviceLoader::device)
-      .def("state_json", [](const DeviceLoader& loader) { return loader.state().dump(); })
+      .def("state_json",
+           [](const DeviceLoader& loader) {
+             zfeed::Json state;
+             {
+               nb::gil_scoped_release release;
+               std::lock_guard turn(loader.calls_mutex());
+               state = loader.state();
+             }
+             return state.dump();
+           })
       .def(
           "restore_json",
           [](DeviceLoader& loader, const std::string& text) {
             auto state = zfeed::parse_json(text, "loader state");
             nb::gil_scoped_release release;
+            std::lock_guard turn(loader.calls_mutex());
             loader.restore(state);
           },
           "state"_a)

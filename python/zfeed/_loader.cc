@@ -82,19 +82,42 @@ void bind_loader(nb::module_& m) {
              std::optional<Batch> batch;
              {
                nb::gil_scoped_release release;
+               std::lock_guard turn(loader.calls_mutex());  // threads share loaders
                batch = loader.next();
              }
              if (!batch) return nb::none();
              return to_python(loader, *batch);
            })
-      .def("set_epoch", &Loader::set_epoch, "epoch"_a, nb::call_guard<nb::gil_scoped_release>())
-      .def("begin_iteration", &Loader::begin_iteration, nb::call_guard<nb::gil_scoped_release>())
-      .def("state_json", [](const Loader& loader) { return loader.state().dump(); })
+      .def(
+          "set_epoch",
+          [](Loader& loader, uint64_t epoch) {
+            nb::gil_scoped_release release;
+            std::lock_guard turn(loader.calls_mutex());
+            loader.set_epoch(epoch);
+          },
+          "epoch"_a)
+      .def("begin_iteration",
+           [](Loader& loader) {
+             nb::gil_scoped_release release;
+             std::lock_guard turn(loader.calls_mutex());
+             loader.begin_iteration();
+           })
+      .def("state_json",
+           [](const Loader& loader) {
+             zfeed::Json state;
+             {
+               nb::gil_scoped_release release;
+               std::lock_guard turn(loader.calls_mutex());
+               state = loader.state();
+             }
+             return state.dump();
+           })
       .def(
           "restore_json",
           [](Loader& loader, const std::string& text) {
             auto state = zfeed::parse_json(text, "loader state");
             nb::gil_scoped_release release;
+            std::lock_guard turn(loader.calls_mutex());
             loader.restore(state);
           },
           "state"_a)

@@ -667,7 +667,8 @@ void DeviceLoader::drain() {
 }
 
 void DeviceLoader::set_epoch(uint64_t epoch) {
-  if (epoch == host_->epoch()) return;
+  const bool over = host_finished_ && in_flight_.empty();
+  if (epoch == host_->epoch() && !over) return;  // as Loader::set_epoch
   DeviceScope device(options_.device);
   drain();
   host_->set_epoch(epoch);

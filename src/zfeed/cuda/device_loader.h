@@ -167,7 +167,11 @@ class DeviceLoader {
 
   struct Shared;
 
+  // For one thread at a time; callers that share a loader among threads take turns on this.
+  std::mutex& calls_mutex() const { return calls_mutex_; }
+
  private:
+  mutable std::mutex calls_mutex_;
   // A batch's host-to-device copy: the host buffer is released once `copied` has completed;
   // the events time the copy (DeviceLoaderStats::copy_ns).
   struct Copy {

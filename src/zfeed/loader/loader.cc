@@ -1727,7 +1727,7 @@ std::optional<Batch> Loader::next() {
 }
 
 void Loader::set_epoch(uint64_t epoch) {
-  if (epoch == epoch_) return;
+  if (epoch == epoch_ && !finished_) return;
   stop_producer();
   epoch_ = epoch;
   position_ = 0;

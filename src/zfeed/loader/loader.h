@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -286,7 +287,8 @@ class Loader {
   // thread on first use. A read error surfaces here (the same batch is retried on the next call).
   std::optional<Batch> next();
   // Starts `epoch` at its first batch; the current epoch (a restored position) is kept when
-  // `epoch` equals it.
+  // `epoch` equals it and is not over (an epoch that is over starts again: a validation loader
+  // set to epoch 0 before each evaluation reads the same samples each time).
   void set_epoch(uint64_t epoch);
   // Moves on to the next epoch if next() has reported the end of the current one (a restored
   // position at the end of an epoch first yields that epoch's remaining zero batches).
@@ -304,6 +306,9 @@ class Loader {
   Json state() const;
   void restore(const Json& state);
   LoaderStats stats() const;
+  // The methods above are for one thread at a time; callers that share a loader among threads
+  // (Python's) take turns on this.
+  std::mutex& calls_mutex() const { return calls_mutex_; }
 
   const std::vector<Channel>& input_channels() const { return input_channels_; }
   const std::vector<Channel>& target_channels() const { return target_channels_; }
@@ -474,6 +479,7 @@ class Loader {
   // staging_failure() and staging_progress(),
   // which another thread may ask while next() swaps in the finished copy.
   mutable std::mutex staged_mutex_;
+  mutable std::mutex calls_mutex_;
   std::vector<uint64_t> leads_;  // spec_.leads, else {spec_.lead}
   uint64_t max_lead_ = 0;
   uint64_t back_ = 0;  // how far the history reaches back: (history - 1) * history_step

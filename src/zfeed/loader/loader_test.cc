@@ -308,7 +308,14 @@ TEST(Loader, ResumeYieldsTheRemainingBatchesBitForBit) {
   EXPECT_EQ(loader.position(), 1u);
   loader.set_epoch(4);
   EXPECT_EQ(loader.position(), 0u);
-  EXPECT_NE(drain(loader), all);
+  const auto epoch4 = drain(loader);
+  EXPECT_NE(epoch4, all);
+  // An epoch that is over starts again when set again (a validation loader set to its epoch
+  // before each evaluation); without set_epoch, iterating again moves on.
+  loader.set_epoch(4);
+  EXPECT_EQ(drain(loader), epoch4);
+  loader.begin_iteration();
+  EXPECT_EQ(loader.epoch(), 5u);
 }
 
 TEST(Loader, RestoreRejectsAnotherLayout) {
