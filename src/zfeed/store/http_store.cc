@@ -15,6 +15,7 @@
 #include <mutex>
 #include <optional>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "zfeed/util/error.h"
@@ -381,23 +382,7 @@ class HttpStore final : public Store {
     }
     const std::string full_prefix = options_.key_prefix + std::string(prefix);
     std::vector<std::pair<std::string, uint64_t>> keys;
-    std::string token;
-    for (;;) {
-      // The query's parameters in sorted order, as a V4 signature's canonical request has them.
-      std::string url = options_.bucket_url + "?";
-      if (!token.empty()) url += "continuation-token=" + percent_encode(token, false) + "&";
-      url += "list-type=2&prefix=" + percent_encode(full_prefix, false);
-      const std::string where = options_.display_url + " (listing \"" + std::string(prefix) + "\")";
-      Bytes body;
-      Response response = perform("GET", url, where, "", {}, &body);
-      if (response.status != 200) throw status_error(where, response);
-      ListPage page;
-      try {
-        page = parse_list_objects(
-            std::string_view(reinterpret_cast<const char*>(body.data()), body.size()));
-      } catch (const Error&) {
-        rethrow_with_context(where);
-      }
+    for_each_list_page(prefix, "", [&](const ListPage& page) {
       for (size_t i = 0; i < page.keys.size(); ++i) {
         if (!page.keys[i].starts_with(full_prefix)) continue;
         std::string key = page.keys[i].substr(options_.key_prefix.size());
@@ -405,14 +390,28 @@ class HttpStore final : public Store {
         if (key.empty() || key.ends_with('/')) continue;
         keys.emplace_back(std::move(key), page.sizes[i]);
       }
-      if (!page.truncated) break;
-      if (page.next_token.empty() || page.next_token == token) {
-        throw Error(where + ": a truncated listing without a new continuation token");
-      }
-      token = page.next_token;
-    }
+    });
     std::sort(keys.begin(), keys.end());
     return keys;
+  }
+
+  // One request per page of 1000 children, not per 1000 keys below them: a group of arrays of
+  // millions of chunks lists its members in one request.
+  std::vector<std::string> list_dir(std::string_view prefix) const override {
+    if (!options_.s3) return Store::list_dir(prefix);  // says listing is not possible
+    const std::string full_prefix = options_.key_prefix + std::string(prefix);
+    std::set<std::string> children;
+    auto add = [&](const std::string& name) {
+      if (!name.starts_with(full_prefix)) return;
+      std::string child = name.substr(full_prefix.size());
+      if (child.ends_with('/')) child.pop_back();
+      if (!child.empty() && child.find('/') == std::string::npos) children.insert(child);
+    };
+    for_each_list_page(prefix, "/", [&](const ListPage& page) {
+      for (const auto& key : page.keys) add(key);
+      for (const auto& common : page.common_prefixes) add(common);
+    });
+    return {children.begin(), children.end()};
   }
 
   std::vector<std::optional<Bytes>> get_many(std::span<const KeyRange> requests) const override {
@@ -460,6 +459,38 @@ class HttpStore final : public Store {
     const uint64_t value = std::strtoull(first.c_str(), &stop, 10);
     if (first.empty() || *stop != '\0') return std::nullopt;
     return value;
+  }
+
+  // Calls `use` with each page of ListObjectsV2 of the keys under `prefix` (the store's), with
+  // `delimiter` ("/": the folders below as common prefixes) where not empty.
+  void for_each_list_page(std::string_view prefix, const std::string& delimiter,
+                          const std::function<void(const ListPage&)>& use) const {
+    const std::string full_prefix = options_.key_prefix + std::string(prefix);
+    const std::string where = options_.display_url + " (listing \"" + std::string(prefix) + "\")";
+    std::string token;
+    for (;;) {
+      // The query's parameters in sorted order, as a V4 signature's canonical request has them.
+      std::string url = options_.bucket_url + "?";
+      if (!token.empty()) url += "continuation-token=" + percent_encode(token, false) + "&";
+      if (!delimiter.empty()) url += "delimiter=" + percent_encode(delimiter, false) + "&";
+      url += "list-type=2&prefix=" + percent_encode(full_prefix, false);
+      Bytes body;
+      Response response = perform("GET", url, where, "", {}, &body);
+      if (response.status != 200) throw status_error(where, response);
+      ListPage page;
+      try {
+        page = parse_list_objects(
+            std::string_view(reinterpret_cast<const char*>(body.data()), body.size()));
+      } catch (const Error&) {
+        rethrow_with_context(where);
+      }
+      use(page);
+      if (!page.truncated) return;
+      if (page.next_token.empty() || page.next_token == token) {
+        throw Error(where + ": a truncated listing without a new continuation token");
+      }
+      token = page.next_token;
+    }
   }
 
   Error status_error(const std::string& where, const Response& response) const {
@@ -779,6 +810,15 @@ ListPage parse_list_objects(std::string_view xml) {
                   "\" has no valid <Size> (\"" + digits + "\")");
     }
     page.sizes.push_back(value);
+    at = end;
+  }
+  at = 0;
+  while ((at = xml.find("<CommonPrefixes>", at)) != std::string_view::npos) {
+    const size_t end = xml.find("</CommonPrefixes>", at);
+    if (end == std::string_view::npos) throw Error("object listing: unterminated <CommonPrefixes>");
+    const auto prefix = xml_element(xml.substr(at, end - at), "Prefix");
+    if (!prefix) throw Error("object listing: <CommonPrefixes> without a <Prefix>");
+    page.common_prefixes.push_back(xml_unescape(*prefix));
     at = end;
   }
   const auto truncated = xml_element(xml, "IsTruncated");

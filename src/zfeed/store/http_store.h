@@ -73,7 +73,8 @@ std::shared_ptr<Store> make_http_store(HttpStoreOptions options);
 // truncated, and the token for the next page.
 struct ListPage {
   std::vector<std::string> keys;
-  std::vector<uint64_t> sizes;  // of each key's value
+  std::vector<uint64_t> sizes;               // of each key's value
+  std::vector<std::string> common_prefixes;  // with a delimiter: the "folders", "a/b/"
   bool truncated = false;
   std::string next_token;
 };

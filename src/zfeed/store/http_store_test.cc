@@ -340,6 +340,22 @@ TEST(HttpStore, AnInnerChunkOfAShardIsTwoRequests) {
   EXPECT_EQ(server.requests.load(), 2);
 }
 
+TEST(HttpStore, ListsAGroupsMembersWithoutListingTheirChunks) {
+  TestServer server;
+  for (int i = 0; i < 40; ++i) server.put("bucket/g.zarr/t2m/c/" + std::to_string(i), "x");
+  server.put("bucket/g.zarr/t2m/zarr.json", "{}");
+  server.put("bucket/g.zarr/zarr.json", "{}");
+  server.put("bucket/g.zarr/sub/u/zarr.json", "{}");
+  server.put("bucket/g.zarr/sub/", "");          // a console's folder marker
+  server.put("bucket/g.zarr2/zarr.json", "{}");  // a sibling store
+  auto store = make_http_store(s3_options(server, "g.zarr"));
+  server.requests = 0;
+  EXPECT_EQ(store->list_dir(""), (std::vector<std::string>{"sub", "t2m", "zarr.json"}));
+  EXPECT_EQ(server.requests.load(), 2);  // two entries a page here: not the 40 chunks' 21
+  EXPECT_EQ(store->list_dir("sub/"), (std::vector<std::string>{"u"}));
+  EXPECT_EQ(store->list_dir("t2m/").size(), 2u);  // "c" and zarr.json
+}
+
 TEST(HttpStore, AUrlsPasswordAndQueryStayOutOfMessages) {
   const auto options = http_store_options("https://user:s3cret@example.com/data.zarr/?sig=abc");
   EXPECT_EQ(options.display_url, "https://example.com/data.zarr");

@@ -273,19 +273,40 @@ class TestServer {
     }
     const std::string prefix = bucket + "/" + params["prefix"];
     std::string xml = "<?xml version=\"1.0\"?><ListBucketResult><Name>" + bucket + "</Name>";
-    auto it = objects_.lower_bound(params.count("continuation-token")
-                                       ? bucket + "/" + params["continuation-token"] + '\0'
-                                       : prefix);
-    int given = 0;
-    std::string last;
-    for (; it != objects_.end() && it->first.starts_with(prefix) && given < 2; ++it, ++given) {
-      last = it->first.substr(bucket.size() + 1);
-      xml += "<Contents><Key>" + xml_escape(last) + "</Key><Size>" +
-             std::to_string(it->second.size()) + "</Size></Contents>";
+    // The keys under the prefix, and with delimiter=/ the "folders" below it in their place.
+    const bool folders = params["delimiter"] == "/";
+    std::vector<std::pair<bool, std::string>> entries;  // (a common prefix?, name in the bucket)
+    for (auto it = objects_.lower_bound(prefix);
+         it != objects_.end() && it->first.starts_with(prefix); ++it) {
+      const std::string key = it->first.substr(bucket.size() + 1);
+      const size_t slash = it->first.find('/', prefix.size());
+      if (folders && slash != std::string::npos) {
+        const std::string common = it->first.substr(bucket.size() + 1, slash - bucket.size());
+        if (entries.empty() || entries.back().second != common) entries.emplace_back(true, common);
+      } else {
+        entries.emplace_back(false, key);
+      }
     }
-    const bool more = it != objects_.end() && it->first.starts_with(prefix);
+    size_t first = 0;
+    if (params.count("continuation-token")) {
+      while (first < entries.size() && entries[first].second <= params["continuation-token"]) {
+        ++first;
+      }
+    }
+    const size_t stop = std::min(entries.size(), first + 2);  // two entries a page
+    for (size_t i = first; i < stop; ++i) {
+      const auto& [common, name] = entries[i];
+      xml += common
+                 ? "<CommonPrefixes><Prefix>" + xml_escape(name) + "</Prefix></CommonPrefixes>"
+                 : "<Contents><Key>" + xml_escape(name) + "</Key><Size>" +
+                       std::to_string(objects_[bucket + "/" + name].size()) + "</Size></Contents>";
+    }
+    const bool more = stop < entries.size();
     xml += std::string("<IsTruncated>") + (more ? "true" : "false") + "</IsTruncated>";
-    if (more) xml += "<NextContinuationToken>" + xml_escape(last) + "</NextContinuationToken>";
+    if (more) {
+      xml += "<NextContinuationToken>" + xml_escape(entries[stop - 1].second) +
+             "</NextContinuationToken>";
+    }
     return reply(200, "OK", xml + "</ListBucketResult>");
   }
 
