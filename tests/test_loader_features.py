@@ -392,6 +392,52 @@ def test_dims_in_another_order_are_refused_naming_them(tmp_path):
         zfeed.Loader(tmp_path / "order.zarr", inputs=["t2m"])
 
 
+def test_arguments_that_would_be_ignored_or_truncated_are_refused(stores):
+    """A typo in a variable's keys, a fraction in an integer argument, a string for a flag, and
+    statistics for a variable the loader does not read were taken silently (the typo ignored,
+    2.7 read as 2, "no" as True, the statistics unused); each is an error naming the argument."""
+    one, _, data = stores
+    base = dict(inputs=["t2m", "u500"], targets=["t2m"], batch_size=4)
+
+    def refused(match, **changes):
+        with pytest.raises(zfeed.ZarrError, match=match):
+            zfeed.Loader(one, **{**base, **changes})
+
+    refused(r"inputs variable 't2m': unknown key 'level_value' \(the keys are name, levels, level_values, mean, std\)",
+            inputs=[{"name": "t2m", "level_value": [850]}])
+    refused(r"targets variable 't2m': unknown key 'Mean'", targets=[{"name": "t2m", "Mean": 0, "std": 1}])
+    for name, value in [("batch_size", 2.7), ("history", 1.9), ("history_step", 1.0), ("seed", 0.5), ("prefetch", "2"),
+                        ("epoch", 1.5), ("window", 2.0), ("cache_bytes", 1e6 + 0.5), ("rank", 0.0), ("world_size", True)]:
+        refused(f"{name} must be an integer", **{name: value})
+    refused(r"each value of crop must be an integer, got 4.5", crop=(0, 4.5, 0, 8))
+    refused(r"each value of random_crop must be an integer", random_crop=(4, 8.0))
+    refused(r"a level of inputs variable 't2m' must be an integer, got 0.5", inputs=[("t2m", 0.5)])
+    for name in ("shuffle", "drop_last", "stage_in_background", "stage_progress"):
+        refused(f"{name} must be True or False, got 'no'", **{name: "no"})
+    refused(r"normalize gives statistics for 'u', which is not among the inputs and targets \(t2m, u500\)",
+            normalize={"t2m": (0.0, 1.0), "u": (0.0, 1.0)})
+    refused(r"normalize gives statistics for 'u', 'v', which are not among", normalize={"u": (0, 1), "v": (0, 1)})
+    refused(r"normalize\['t2m'\] must be \(mean, std\), got \(0,\)", normalize={"t2m": (0,)})
+    refused(r"normalize\['t2m'\]'s std must be a number or a list of numbers, got None", normalize={"t2m": (0, None)})
+    refused(r"normalize\['t2m'\]'s mean must be a number or a list of numbers, got '1'", normalize={"t2m": ("1", 2)})
+    refused(r"normalize must be True, False or \{name: \(mean, std\)\}, got 'no'", normalize="no")
+    refused(r"normalize must be True, False", normalize=None)
+    with pytest.raises(zfeed.ZarrError, match="epoch must be an integer, got 1.5"):
+        zfeed.Loader(one, **base).set_epoch(1.5)
+
+    # NumPy's integers and bools are integers and bools; statistics may be NumPy numbers; a byte
+    # budget may be written 2e6.
+    loader = zfeed.Loader(one, inputs=["t2m", "u500"], targets=["t2m"], batch_size=np.int64(4), seed=np.uint32(3),
+                          shuffle=np.True_, drop_last=np.False_, cache_bytes=2e6, lead=np.int64(1),
+                          normalize={"t2m": (np.float32(2.0), np.float32(4.0)), "u500": np.array([100.0, 2.0])})
+    assert loader.input_shape[0] == 4
+    assert [(c["mean"], c["std"]) for c in loader.input_channels] == [(2.0, 4.0), (100.0, 2.0)]
+    batch = next(iter(loader))
+    t = int(batch["times"][0])
+    np.testing.assert_allclose(batch["inputs"][0, 0], (data["t2m"][t] - 2.0) / 4.0, rtol=1e-6)
+    assert zfeed.Loader(one, **base, normalize=np.False_).input_channels[0]["mean"] is None
+
+
 def _child_batches(loader, queue):
     queue.put([b["times"].tolist() + b["inputs"].ravel()[:5].tolist() for b in loader])
 

@@ -291,6 +291,80 @@ def test_create_codecs_list(tmp_path):
     np.testing.assert_array_equal(np.asarray(zarr.open_array(str(tmp_path / "a"), mode="r")[...]), data)
 
 
+@pytest.mark.parametrize("dtype,fill,why", [
+    ("int32", 1.5, "not an integer"),
+    ("int32", float("nan"), "not an integer"),
+    ("int32", "3", "give an integer"),
+    ("int8", 300, r"outside \[-128, 127\]"),
+    ("uint8", -1, r"outside \[0, 255\]"),
+    ("uint64", 2**64, "outside"),
+    ("bool", "no", "give True or False"),
+    ("bool", 2, "give True or False"),
+    ("float32", 1e39, "beyond the range of float32"),
+    ("float16", 70000.0, "beyond the range of float16"),
+    ("complex64", complex(0, 1e39), "beyond the range of float32"),
+])
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_create_refuses_a_fill_value_the_dtype_cannot_hold(tmp_path, dtype, fill, why, zarr_format):
+    """A fill value is stored as given or refused: never rounded (1.5 into int32 was 1), taken
+    loosely ("no" as True) or made an infinity (1e39 into float32)."""
+    with pytest.raises(zfeed.ZarrError, match=f"fill_value .* does not fit data type {dtype}: {why}"):
+        zfeed.create(tmp_path / "a", shape=(2,), dtype=dtype, fill_value=fill, zarr_format=zarr_format)
+    assert not (tmp_path / "a").exists()
+
+
+@pytest.mark.parametrize("dtype,fill,stored", [
+    ("int32", 2.0, 2),
+    ("int16", np.int64(-5), -5),
+    ("uint64", np.uint64(2**64 - 1), 2**64 - 1),
+    ("int64", -2**63, -2**63),
+    ("bool", np.True_, True),
+    ("bool", 0, False),
+    ("float16", 65504.0, 65504.0),
+    ("float32", "-inf", -np.inf),
+    ("float32", 1e-50, 0.0),  # rounds to zero, as any float rounds: in range
+])
+def test_create_takes_a_fill_value_the_dtype_holds(tmp_path, dtype, fill, stored):
+    arr = zfeed.create(tmp_path / "a", shape=(2,), dtype=dtype, fill_value=fill)
+    assert arr.fill_value == stored and type(arr[0].item()) is type(np.dtype(dtype).type(0).item())
+    np.testing.assert_array_equal(arr[...], np.full(2, stored, dtype=dtype))
+
+
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_create_takes_order_C_or_F_only(tmp_path, zarr_format):
+    """order="X" (or "f") was taken as C order for Zarr v3; both formats now refuse it."""
+    data = np.arange(6, dtype="int32").reshape(2, 3)
+    for order in ("C", "F"):
+        arr = zfeed.create(tmp_path / order, shape=(2, 3), dtype="int32", order=order, zarr_format=zarr_format,
+                           data=data)
+        np.testing.assert_array_equal(zfeed.open(tmp_path / order)[...], data)
+    for order in ("X", "f", "c", None):
+        with pytest.raises(zfeed.ZarrError, match=f"order must be 'C' or 'F', got {order!r}"):
+            zfeed.create(tmp_path / f"bad-{order}", shape=(2, 3), dtype="int32", order=order, zarr_format=zarr_format)
+
+
+def test_asarray_of_an_array(tmp_path):
+    """np.asarray / np.array read the whole array: a 0-d Array gives a 0-d ndarray (not a NumPy
+    scalar, which NumPy refuses from __array__), dtype converts, and NumPy 2's copy keyword is
+    honoured (every read is a new array, so copy=False needs no copy)."""
+    scalar = zfeed.create(tmp_path / "s", shape=(), dtype="float32", fill_value=2.5)
+    for got in (np.asarray(scalar), np.array(scalar), np.asarray(scalar, copy=False), np.array(scalar, copy=True)):
+        assert type(got) is np.ndarray and got.shape == () and got.dtype == np.float32 and got == 2.5
+    as_float64 = np.asarray(scalar, dtype="float64")
+    assert as_float64.shape == () and as_float64.dtype == np.float64 and as_float64 == 2.5
+    data = np.arange(12, dtype="int16").reshape(3, 4)
+    arr = zfeed.create(tmp_path / "a", shape=data.shape, chunks=(2, 3), dtype="int16", data=data)
+    for got in (np.asarray(arr), np.asarray(arr, copy=False), np.array(arr, copy=True)):
+        assert type(got) is np.ndarray and got.dtype == np.int16
+        np.testing.assert_array_equal(got, data)
+    got = np.asarray(arr, dtype="float32", copy=False)
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got, data)
+    first, second = np.asarray(arr), np.asarray(arr)
+    first[0, 0] = 99  # each read is an array of its own
+    assert second[0, 0] == 0 and arr[0, 0] == 0
+
+
 @pytest.mark.filterwarnings("ignore:Numcodecs codecs are not in the Zarr")
 @pytest.mark.parametrize("compressor", [None, "none", "zstd", "zstd:7", "gzip:2", "blosc", "blosc:zstd:3", "zlib", "lz4"])
 @pytest.mark.parametrize("zarr_format", [2, 3])

@@ -149,6 +149,80 @@ def test_workers_refuse_a_state_from_the_middle_of_an_epoch(store, no_launcher):
     assert sorted(times) == list(range(T - 1))
 
 
+def _epoch_times(dataset, workers, context="fork", **options) -> list[int]:
+    return _times(torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=workers,
+                                              multiprocessing_context=context if workers else None, **options))
+
+
+def test_a_peek_in_this_process_does_not_move_the_workers(store, no_launcher):
+    """next(iter(dataset)) before the DataLoader (a look at the shapes) leaves the workers at the
+    start of the epoch under fork and spawn alike: spawn workers were handed the peek's position
+    (and two of them refused it, "1 batches into epoch 0"), a single forked worker went on after it."""
+    kwargs = dict(inputs=["t2m"], targets=["t2m"], batch_size=4, seed=5, drop_last=False)
+    whole = _epoch_times(ZarrIterableDataset(store, **kwargs), 0)
+    assert sorted(whole) == list(range(T - 1))
+    for context, workers in (("spawn", 2), ("fork", 1), ("fork", 2)):
+        dataset = ZarrIterableDataset(store, **kwargs)
+        peeked = next(iter(dataset))
+        assert tuple(peeked["inputs"].shape) == (4, 1, 3, 4)
+        times = _epoch_times(dataset, workers, context)
+        assert sorted(times) == list(range(T - 1)), (context, workers)
+        if workers == 1:  # one worker reads as the rank itself: the same order
+            assert times == whole, context
+    assert _times(pickle.loads(pickle.dumps(dataset))) == whole  # a pickled copy, as a spawn worker's
+    assert _times(dataset) == whole[4:]  # this process goes on after its peek
+
+
+def test_a_restored_position_travels_to_the_workers(store, no_launcher):
+    """A position given to load_state_dict reaches a worker's copy under fork and spawn, also once
+    this process has made its loader (which takes the position): a single worker goes on from it,
+    two refuse it (forked, they started the epoch over without a word); set_epoch to another
+    epoch drops it."""
+    kwargs = dict(inputs=["t2m"], targets=["t2m"], batch_size=2, seed=4, drop_last=False)
+    source = ZarrIterableDataset(store, **kwargs)
+    batches = iter(source)
+    next(batches), next(batches), next(batches)
+    state = source.state_dict()
+    rest = _times(batches)
+
+    def restored() -> ZarrIterableDataset:
+        dataset = ZarrIterableDataset(store, **kwargs)
+        dataset.load_state_dict(state)
+        assert len(dataset) == len(source)  # makes the loader here, which takes the position
+        return dataset
+
+    for context in ("fork", "spawn"):
+        assert _epoch_times(restored(), 1, context) == rest, context
+    with pytest.raises(zfeed.ZarrError, match="3 batches into epoch 0.*num_workers=0"):
+        _epoch_times(restored(), 2, "fork")
+    moved_on = restored()
+    moved_on.set_epoch(1)
+    assert sorted(_epoch_times(moved_on, 2, "fork")) == list(range(T - 1))
+
+
+def test_with_workers_set_epoch_moves_the_order_on(store, no_launcher):
+    """As documented: DataLoader workers start from a copy of the dataset each time, so without
+    set_epoch every pass repeats the epoch's order (num_workers=0 moves on by itself); set_epoch
+    moves it on, as persistent workers move on by themselves."""
+    kwargs = dict(inputs=["t2m"], targets=["t2m"], batch_size=4, seed=9, drop_last=False)
+    alone = ZarrIterableDataset(store, **kwargs)
+    main_process = [_epoch_times(alone, 0) for _ in range(2)]
+    assert main_process[0] != main_process[1]
+    dataset = ZarrIterableDataset(store, **kwargs)
+    repeated = [_epoch_times(dataset, 2) for _ in range(2)]
+    assert repeated[0] == repeated[1]
+    stepped = []
+    for epoch in range(2):
+        dataset.set_epoch(epoch)
+        stepped.append(_epoch_times(dataset, 2))
+    assert stepped[0] == repeated[0] and stepped[1] != stepped[0]
+    assert all(sorted(times) == list(range(T - 1)) for times in stepped)
+    persistent = ZarrIterableDataset(store, **kwargs)
+    loader = torch.utils.data.DataLoader(persistent, batch_size=None, num_workers=2, multiprocessing_context="fork",
+                                         persistent_workers=True)
+    assert [_times(loader) for _ in range(2)] == stepped
+
+
 def test_rank_and_world_size_are_read_when_the_loader_is_made(store, no_launcher):
     """A dataset built before the launcher's rank is known (mp.spawn sets no RANK; the process
     group comes later) takes the rank the process has when it makes its loader."""

@@ -402,8 +402,10 @@ class Array:
         return _PointsIndexer(self)
 
     def __array__(self, dtype=None, copy=None):
-        data = self[...]
-        return data if dtype is None else data.astype(dtype)
+        """The whole array, read (a 0-d array for a 0-d Array). ``copy`` (NumPy 2): every read
+        makes a new array that nothing else holds, so ``copy=False`` is honoured as it is."""
+        data = np.asarray(self[...])  # a 0-d read is a NumPy scalar; __array__ must give an ndarray
+        return data if dtype is None else data.astype(dtype, copy=False)
 
 
 class _OrthogonalIndexer:
@@ -499,7 +501,9 @@ def _moved_axes(selection: _selection.Orthogonal) -> tuple[list[int], list[int]]
     """(from, to) of the index array's axes where NumPy moves them to the front, else None."""
     (axis,) = selection.arrays
     advanced = sorted(selection.dropped + [axis])
-    if advanced == list(range(advanced[0], advanced[-1] + 1)):
+    side_by_side = advanced == list(range(advanced[0], advanced[-1] + 1))
+    # An ellipsis between them, even one that covers no axis, sets them apart (NumPy's rule).
+    if side_by_side and not (selection.gap is not None and advanced[0] < selection.gap <= advanced[-1]):
         return None
     position = sum(1 for d in range(axis) if d not in selection.dropped)
     count = len(selection.array_shapes[axis])
@@ -878,16 +882,39 @@ def _v2_compressor(codec: dict | None) -> dict | None:
 
 
 def _fill_json(fill_value, dtype: np.dtype):
+    """The metadata's fill value; one that the data type cannot hold (1.5 for int32, 300 for
+    int8, 1e39 for float32, "no" for bool) is an error, not rounded, wrapped or made inf."""
     if fill_value is None:
         return False if dtype.kind == "b" else [0.0, 0.0] if dtype.kind == "c" else 0
-    if dtype.kind == "c":
-        value = complex(fill_value)
-        return [_float_json(value.real), _float_json(value.imag)]
-    if dtype.kind == "b":
-        return bool(fill_value)
-    if dtype.kind in "iu":
-        return int(fill_value)
-    return _float_json(float(fill_value))
+
+    def refuse(why: str):
+        raise ZarrError(f"fill_value {fill_value!r} does not fit data type {dtype}: {why}")
+
+    if dtype.kind in "biu":
+        # Numbers only: int("3") or bool("no") would take a string's meaning loosely.
+        if not isinstance(fill_value, (int, float, np.integer, np.floating, np.bool_)):
+            refuse("give an integer" if dtype.kind != "b" else "give True or False")
+        if isinstance(fill_value, (float, np.floating)) and not float(fill_value).is_integer():
+            refuse("not an integer")
+        value = int(fill_value)
+        if dtype.kind == "b":
+            if value not in (0, 1):
+                refuse("give True or False")
+            return bool(value)
+        info = np.iinfo(dtype)
+        if not info.min <= value <= info.max:
+            refuse(f"outside [{info.min}, {info.max}]")
+        return value
+    # Floats take strings as float() does ("nan", "inf"); a finite value beyond the type's range
+    # would become an infinity.
+    part_dtype = np.dtype(f"float{dtype.itemsize * 4}") if dtype.kind == "c" else dtype
+    value = complex(fill_value) if dtype.kind == "c" else float(fill_value)
+    parts = (value.real, value.imag) if dtype.kind == "c" else (value,)
+    for part in parts:
+        with np.errstate(over="ignore"):
+            if math.isfinite(part) and not np.isfinite(part_dtype.type(part)):
+                refuse(f"beyond the range of {part_dtype}")
+    return [_float_json(value.real), _float_json(value.imag)] if dtype.kind == "c" else _float_json(value)
 
 
 def _float_json(value: float):
@@ -920,8 +947,11 @@ def create(store, shape: Sequence[int] | int, dtype="float32", chunks: Sequence[
     if isinstance(chunks, (int, np.integer)):
         chunks = (int(chunks),) * len(shape)
     chunks = tuple(int(c) for c in chunks)
+    if order not in ("C", "F"):
+        raise ZarrError(f"order must be 'C' or 'F', got {order!r}")
     dtype_name = _zarr_dtype_name(dtype)
     np_dtype = _numpy_dtype(dtype_name)
+    fill_json = _fill_json(fill_value, np_dtype)  # checked before the store is made
     s = _store(store, create=True)
     names = list(dimension_names) if dimension_names is not None else None
     codec = _compressor_codec(compressor)
@@ -937,7 +967,7 @@ def create(store, shape: Sequence[int] | int, dtype="float32", chunks: Sequence[
             "chunks": list(chunks),
             "dtype": np_dtype.str if np_dtype.itemsize > 1 else "|" + np_dtype.str[1:],
             "compressor": _v2_compressor(codec),
-            "fill_value": _fill_json(fill_value, np_dtype) if fill_value is not None or True else None,
+            "fill_value": fill_json,
             "order": order,
             "filters": None,
             "dimension_separator": chunk_key_encoding or ".",
@@ -976,7 +1006,7 @@ def create(store, shape: Sequence[int] | int, dtype="float32", chunks: Sequence[
             "data_type": dtype_name,
             "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": list(grid_chunks)}},
             "chunk_key_encoding": {"name": "default", "configuration": {"separator": separator}},
-            "fill_value": _fill_json(fill_value, np_dtype),
+            "fill_value": fill_json,
             "codecs": chain,
             "attributes": dict(attributes or {}),
         }

@@ -52,20 +52,83 @@ from . import _core
 from .array import Group, _store
 
 
+# The keys of a variable given as a dict (LoaderSpec's variable spec).
+_VARIABLE_KEYS = ("name", "levels", "level_values", "mean", "std")
+
+
+def _integer(value: Any, name: str, integral_float: bool = False) -> int:
+    """``value`` as an int: Python and NumPy integers only, so that ``batch_size=2.7`` is an error
+    rather than 2 (and True is no 1). ``integral_float``: a float with no fraction is fine too
+    (``cache_bytes=2e9``)."""
+    if integral_float and isinstance(value, (float, np.floating)) and float(value).is_integer():
+        return int(value)
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise _core.ZarrError(f"loader: {name} must be an integer, got {value!r}")
+    return int(value)
+
+
+def _flag(value: Any, name: str) -> bool:
+    """``value`` as a bool: True or False (NumPy's too); a string such as "no" is not taken as true."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise _core.ZarrError(f"loader: {name} must be True or False, got {value!r}")
+    return bool(value)
+
+
+def _statistic(value: Any, what: str) -> float | list[float]:
+    """A mean or std for the spec: a number, or a list of numbers (one per level)."""
+    try:
+        array = np.asarray(value)
+    except (TypeError, ValueError):  # a ragged list
+        array = None
+    # Numbers only: NumPy would take None as NaN, "1.5" as 1.5 and True as 1.
+    if array is None or array.dtype.kind not in "iuf" or array.ndim > 1 or array.size == 0:
+        raise _core.ZarrError(f"loader: {what} must be a number or a list of numbers, got {value!r}")
+    return array.astype(np.float64).tolist()
+
+
 def _variable(item: Any, role: str, normalize: Any) -> dict:
     if isinstance(item, str):
         spec: dict = {"name": item}
     elif isinstance(item, Mapping):
         spec = dict(item)
+        unknown = [key for key in spec if key not in _VARIABLE_KEYS]
+        if unknown:
+            raise _core.ZarrError(
+                f"loader: {role} variable {spec.get('name')!r}: unknown key {unknown[0]!r} (the keys are "
+                f"{', '.join(_VARIABLE_KEYS)})")
     elif isinstance(item, (tuple, list)) and len(item) == 2 and isinstance(item[0], str):
-        levels = item[1]
-        spec = {"name": item[0], "levels": [int(levels)] if isinstance(levels, int) else [int(x) for x in levels]}
+        levels, what = item[1], f"a level of {role} variable {item[0]!r}"
+        many = isinstance(levels, (tuple, list, range, np.ndarray))
+        spec = {"name": item[0], "levels": [_integer(x, what) for x in levels] if many else [_integer(levels, what)]}
     else:
         raise _core.ZarrError(f"loader: each of the {role} is a name, (name, level or levels) or a dict, got {item!r}")
     if isinstance(normalize, Mapping) and spec.get("name") in normalize and "mean" not in spec:
-        mean, std = normalize[spec["name"]]
-        spec["mean"], spec["std"] = mean, std
+        name = spec["name"]
+        pair = normalize[name]
+        if isinstance(pair, np.ndarray) and pair.ndim >= 1:
+            pair = list(pair)
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise _core.ZarrError(f"loader: normalize[{name!r}] must be (mean, std), got {pair!r}")
+        spec["mean"] = _statistic(pair[0], f"normalize[{name!r}]'s mean")
+        spec["std"] = _statistic(pair[1], f"normalize[{name!r}]'s std")
     return spec
+
+
+def _normalize_flag(normalize: Any, variables: Sequence[dict]) -> bool:
+    """The spec's "normalize" after checking that ``normalize`` is True, False or ``{name: (mean,
+    std)}`` naming only variables in use (an entry for another would be ignored without a word: a
+    typo, or a variable left out)."""
+    if isinstance(normalize, Mapping):
+        names = list(dict.fromkeys(spec["name"] for spec in variables if isinstance(spec.get("name"), str)))
+        unused = [name for name in normalize if name not in names]
+        if unused:
+            raise _core.ZarrError(
+                f"loader: normalize gives statistics for {', '.join(map(repr, unused))}, which "
+                f"{'is' if len(unused) == 1 else 'are'} not among the inputs and targets ({', '.join(names)})")
+        return True
+    if not isinstance(normalize, (bool, np.bool_)):
+        raise _core.ZarrError(f"loader: normalize must be True, False or {{name: (mean, std)}}, got {normalize!r}")
+    return bool(normalize)
 
 
 def _env_int(name: str, default: int) -> int:
@@ -102,7 +165,7 @@ def node_layout(rank: int, world_size: int, local_world_size: int | None = None)
                 f"loader: partition='node' needs to know the processes per node for rank {rank} of "
                 f"{world_size}: run under torchrun (LOCAL_WORLD_SIZE) or srun (SLURM_NNODES), or give "
                 "local_world_size")
-    local_world_size = int(local_world_size)
+    local_world_size = _integer(local_world_size, "local_world_size")
     if local_world_size < 1 or world_size % local_world_size != 0:
         raise _core.ZarrError(f"loader: {world_size} processes do not make nodes of local_world_size "
                               f"{local_world_size} each")
@@ -203,7 +266,10 @@ class Loader:
     ``{"name", "levels", "level_values", "mean", "std"}`` (``level_values``: levels by the values
     of the coordinate named like the level dimension, as xarray's ``.sel``: ``[500, 850]``). ``normalize``: True (given statistics, else each
     array's ``zfeed_stats`` attribute ``{"mean": .., "std": ..}``, else none), False, or a dict
-    ``{name: (mean, std)}``. ``crop``: ``(lat_start, lat_size, lon_start, lon_size)``.
+    ``{name: (mean, std)}`` of variables among the inputs and targets (the others as True does).
+    Integer arguments take Python or NumPy integers (``batch_size=2.7`` is an error, not 2), and
+    flags (``shuffle``, ``drop_last``, ...) True or False; a dict variable takes the keys above only.
+    ``crop``: ``(lat_start, lat_size, lon_start, lon_size)``.
     ``random_crop``: ``(lat_size, lon_size)``, a window per sample drawn from (seed, epoch, time).
     ``dtype``: "float32", "float16" or "bfloat16" for the inputs (and float targets).
     ``order``: "auto", "random" or "chunks"; ``window``: time chunks per window (0: automatic);
@@ -293,7 +359,7 @@ class Loader:
             raise _core.ZarrError(f"loader: gds={gds!r} needs device='cuda' (it reads chunks into GPU memory)")
         if self._device is not None:
             self._convert = _from_dlpack(framework)
-            if int(device_buffers) < 2:
+            if _integer(device_buffers, "device_buffers") < 2:
                 raise _core.ZarrError(f"loader: device_buffers must be at least 2, got {device_buffers}")
         if isinstance(store, Group):
             core_store, group_path = store._core.store, store.path
@@ -306,41 +372,45 @@ class Loader:
         if isinstance(targets, (str, Mapping)):
             targets = [targets]
         default_rank, default_world = default_rank_and_world_size()
-        rank = int(rank) if rank is not None else default_rank
-        world_size = int(world_size) if world_size is not None else default_world
+        rank = _integer(rank, "rank") if rank is not None else default_rank
+        world_size = _integer(world_size, "world_size") if world_size is not None else default_world
         node, nodes = 0, 1
         if partition == "node":
             node, nodes, rank, world_size = node_layout(rank, world_size, local_world_size)
         elif partition != "global":
             raise _core.ZarrError(f"loader: partition must be 'global' or 'node', got {partition!r}")
         dtype = np.dtype(dtype).name if dtype != "bfloat16" else dtype
+        variables = {role: [_variable(v, role, normalize) for v in given]
+                     for role, given in (("inputs", inputs), ("targets", targets))}
         spec = {
             "path": group_path,
-            "inputs": [_variable(v, "inputs", normalize) for v in inputs],
-            "targets": [_variable(v, "targets", normalize) for v in targets],
+            "inputs": variables["inputs"],
+            "targets": variables["targets"],
             "lead": _lead(lead),
-            "history": int(history),
-            "history_step": int(history_step),
-            "batch_size": int(batch_size),
-            "shuffle": bool(shuffle),
-            "seed": int(seed),
+            "history": _integer(history, "history"),
+            "history_step": _integer(history_step, "history_step"),
+            "batch_size": _integer(batch_size, "batch_size"),
+            "shuffle": _flag(shuffle, "shuffle"),
+            "seed": _integer(seed, "seed"),
             "rank": rank,
             "world_size": world_size,
             "node": node,
             "nodes": nodes,
             # "{node}" in the path: the node's index, for nodes that share one file system.
             "stage_dir": os.fspath(stage).replace("{node}", str(node)) if stage is not None else None,
-            "stage_in_background": bool(stage_in_background),
-            "drop_last": bool(drop_last),
-            "normalize": normalize is not False,
-            "prefetch": int(prefetch),
-            "epoch": int(epoch),
-            "crop": [int(c) for c in crop] if crop is not None else None,
-            "random_crop": [int(c) for c in random_crop] if random_crop is not None else None,
+            "stage_in_background": _flag(stage_in_background, "stage_in_background"),
+            "drop_last": _flag(drop_last, "drop_last"),
+            "normalize": _normalize_flag(normalize, variables["inputs"] + variables["targets"]),
+            "prefetch": _integer(prefetch, "prefetch"),
+            "epoch": _integer(epoch, "epoch"),
+            "crop": [_integer(c, "each value of crop") for c in crop] if crop is not None else None,
+            "random_crop": [_integer(c, "each value of random_crop") for c in random_crop]
+                           if random_crop is not None else None,
             "dtype": dtype,
             "order": str(order),
-            "window": int(window),
-            "cache_bytes": int(cache_bytes) if cache_bytes is not None else None,
+            "window": _integer(window, "window"),
+            "cache_bytes": (_integer(cache_bytes, "cache_bytes", integral_float=True)
+                            if cache_bytes is not None else None),
             "stacked": str(stacked),
             "time_range": _time_range(time_range),
             "fill_nan": _fill_nan(fill_nan),
@@ -350,7 +420,7 @@ class Loader:
                 raise _core.ZarrError(f"loader: {name} must not be negative, got {spec[name]}")
         if spec["cache_bytes"] is not None and spec["cache_bytes"] < 0:
             raise _core.ZarrError(f"loader: cache_bytes must not be negative, got {spec['cache_bytes']}")
-        progress = bool(stage_progress)
+        progress = _flag(stage_progress, "stage_progress")
         if self._device is None:
             self._core = _core.Loader(core_store, json.dumps(spec), progress)
         else:
@@ -389,7 +459,7 @@ class Loader:
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch`` from its first batch (a no-op for the current epoch, so that a restored
         position survives the usual ``set_epoch`` at the top of the training loop)."""
-        self._core.set_epoch(int(epoch))
+        self._core.set_epoch(_integer(epoch, "epoch"))
 
     @property
     def epoch(self) -> int:
