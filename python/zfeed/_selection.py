@@ -60,6 +60,14 @@ def drop_leading_ones(values: np.ndarray, ndim: int) -> np.ndarray:
     return values
 
 
+class Expanded(tuple):
+    """expand's result. `gap`: the axis before which an ellipsis that covers no axis stood, else
+    None: NumPy counts it as separating the index arrays and integers on either side (whose axes
+    then move to the front of the result)."""
+
+    gap: int | None = None
+
+
 def expand(key: Any, ndim: int) -> tuple:
     """The key as a tuple of one component per axis (a boolean mask of k dimensions stays one
     component that covers k axes): the ellipsis expanded, missing trailing axes as full slices."""
@@ -76,7 +84,10 @@ def expand(key: Any, ndim: int) -> tuple:
         raise IndexError(f"too many indices: array is {ndim}-dimensional, but {covered} were indexed")
     if ellipses:
         i = next(i for i, k in enumerate(key) if k is Ellipsis)
-        return key[:i] + (slice(None),) * (ndim - covered) + key[i + 1 :]
+        expanded = Expanded(key[:i] + (slice(None),) * (ndim - covered) + key[i + 1 :])
+        if covered == ndim:
+            expanded.gap = sum(_axes_covered(k) for k in key[:i])
+        return expanded
     return key + (slice(None),) * (ndim - covered)
 
 
@@ -151,6 +162,7 @@ class Orthogonal:
         from .array import _Index  # the basic part of the key
 
         self.shape = tuple(shape)
+        self.gap = getattr(key, "gap", None)  # where an ellipsis of no axis stood (Expanded)
         self.arrays: dict[int, np.ndarray] = {}  # axis -> indices as given (flattened)
         self.array_shapes: dict[int, tuple] = {}
         basic_key = []
