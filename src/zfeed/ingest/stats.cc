@@ -360,9 +360,10 @@ std::vector<ArrayStats> compute_store_stats(const std::string& path, const Stats
   std::vector<ArrayStats> results;
   for (auto& [name, array] : chosen) {
     StatsOptions array_options = options;
+    const std::string& array_path = array.path();
     const bool along_held_time =
         held && std::any_of(held->arrays.begin(), held->arrays.end(),
-                            [&](const StagedTimeChunks& a) { return a.path == array.path(); });
+                            [&](const StagedTimeChunks& a) { return a.path == array_path; });
     if (along_held_time && !options.time_start && !options.time_stop) {
       array_options.time_start = int64_t(held->start);
       array_options.time_stop = int64_t(held->stop);
