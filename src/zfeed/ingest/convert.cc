@@ -24,6 +24,7 @@
 #include "zfeed/util/paths.h"
 #include "zfeed/util/thread_pool.h"
 #include "zfeed/zarr/array.h"
+#include "zfeed/zarr/cf.h"
 #include "zfeed/zarr/group.h"
 
 namespace zfeed::ingest {
@@ -1066,7 +1067,9 @@ ConvertResult convert(const ConvertOptions& options) {
     if (options.rechunk) {
       if (auto array = zarr_array_of(*head.source, *head.variable)) {
         const auto& meta = array->metadata();
-        output.attributes = meta.attributes;
+        // The values stay packed, so their mask must stay too: a v2 store written by xarray
+        // holds _FillValue as its fill_value alone, which the v3 output's attributes must say.
+        output.attributes = zarr::cf_attributes(meta);
         output.fill = meta.fill_value.is_null ? parse_fill_value(Json(0), meta.dtype, false)
                                               : meta.fill_value;
         output.default_chunks = head.read_chunk;

@@ -509,6 +509,31 @@ TEST(Rechunk, KeepsValuesDataTypesAndAttributes) {
   EXPECT_CONTAINS(error_of([&] { rechunk(options); }), "missing.nc");
 }
 
+TEST(Rechunk, KeepsTheMaskOfAZarrV2FillValue) {
+  // As xarray writes a packed variable to Zarr v2: _FillValue as the fill_value alone.
+  TempDir dir;
+  auto store = open_store(dir / "v2.zarr");
+  zarr::Group::create(store, "", 2, Json::object());
+  const Json zarray = {{"zarr_format", 2}, {"shape", {4, 3}},       {"chunks", {2, 3}},
+                       {"dtype", "<i2"},   {"compressor", nullptr}, {"fill_value", -32767},
+                       {"order", "C"},     {"filters", nullptr},    {"dimension_separator", "."}};
+  const Json zattrs = {
+      {"scale_factor", 0.002}, {"add_offset", 260.0}, {"_ARRAY_DIMENSIONS", {"time", "x"}}};
+  auto t = zarr::Array::create(store, "t", zarr::ArrayMetadata::parse_v2(zarray, zattrs));
+  std::vector<int16_t> values = {1, -32767, 3, 4, 5, 6, -32767, 8, 9, 10, 11, 12};
+  t.write(t.full_selection(), values.data());
+  ConvertOptions options;
+  options.inputs = {dir / "v2.zarr"};
+  options.output = dir / "out.zarr";
+  options.chunks = {{"time", 1}};
+  rechunk(options);
+  auto out = zarr::Array::open(open_store(dir / "out.zarr"), "t");
+  // Still packed, and still masked: read as the input, the two missing values stay missing.
+  ASSERT_TRUE(out.metadata().attributes.contains("_FillValue"));
+  EXPECT_EQ(out.metadata().attributes["_FillValue"], -32767);
+  EXPECT_EQ(read_all_values<int16_t>(dir / "out.zarr", "t"), values);
+}
+
 // An array large enough for the budget to matter: 48 x 64 x 64 float32 (768 KiB), chunks of 8
 // time steps rechunked to one step and 32 x 32.
 std::string write_big_store(const std::string& path) {
