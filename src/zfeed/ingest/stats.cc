@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <set>
+#include <sstream>
 
 #include "zfeed/store/staged_copy.h"
 #include "zfeed/util/error.h"
@@ -328,6 +330,26 @@ void collect_arrays(const zarr::Group& group, const std::string& prefix,
   }
 }
 
+// The arrays that others name in CF's "coordinates" (auxiliary coordinates, as xarray and GRIB
+// conversions mark 2-D latitude and longitude) or "bounds" (a coordinate's cell bounds) attribute.
+// Names are those of the referring array's group.
+std::set<std::string> coordinate_names(
+    const std::vector<std::pair<std::string, zarr::Array>>& arrays) {
+  std::set<std::string> names;
+  for (const auto& [name, array] : arrays) {
+    const size_t slash = name.rfind('/');
+    const std::string prefix = slash == std::string::npos ? "" : name.substr(0, slash + 1);
+    const Json& attributes = array.metadata().attributes;
+    for (const char* key : {"coordinates", "bounds"}) {
+      auto it = attributes.find(key);
+      if (it == attributes.end() || !it->is_string()) continue;
+      std::istringstream words(it->get<std::string>());
+      for (std::string word; words >> word;) names.insert(prefix + word);
+    }
+  }
+  return names;
+}
+
 }  // namespace
 
 std::vector<ArrayStats> compute_store_stats(const std::string& path, const StatsOptions& options) {
@@ -349,9 +371,11 @@ std::vector<ArrayStats> compute_store_stats(const std::string& path, const Stats
       chosen.push_back(*it);
     }
   } else {
-    // Data arrays: more than one dimension (1-D arrays are coordinates).
+    // Data arrays: more than one dimension (1-D arrays are coordinates), and not named by another
+    // array as its coordinates or bounds (CF: 2-D latitude and longitude, time_bnds).
+    const std::set<std::string> named = coordinate_names(arrays);
     for (const auto& a : arrays) {
-      if (a.second.metadata().rank() >= 2 || !group) chosen.push_back(a);
+      if (!group || (a.second.metadata().rank() >= 2 && !named.count(a.first))) chosen.push_back(a);
     }
   }
   // A partial staged copy holds some time steps of the arrays along time: those are the default

@@ -190,11 +190,18 @@ TEST(StoreStats, WritesAttributesAndReconsolidates) {
   auto array = make_array(store, "x", {3, 2, 2}, {1, 2, 2}, {"time", "latitude", "longitude"});
   std::vector<float> values = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, NAN};
   array.write(array.full_selection(), values.data());
-  make_array(store, "time", {3}, {3}, {"time"});
+  array.set_attributes({{"coordinates", "lat  lon"}});
+  make_array(store, "time", {3}, {3}, {"time"}).set_attributes({{"bounds", "time_bnds"}});
+  make_array(store, "time_bnds", {3, 2}, {3, 2}, {"time", "nv"});
+  make_array(store, "lat", {2, 2}, {2, 2}, {"latitude", "longitude"});
+  make_array(store, "lon", {2, 2}, {2, 2}, {"latitude", "longitude"});
   group.consolidate();
 
+  // Coordinates are left out: the 1-D one, those x names in "coordinates" (2-D latitude and
+  // longitude) and the bounds time names.
   auto results = compute_store_stats(dir.string(), StatsOptions{});
-  ASSERT_EQ(results.size(), 1u);  // the 1-D coordinate is left out
+  ASSERT_EQ(results.size(), 1u);
+  EXPECT_EQ(results[0].name, "x");
   EXPECT_EQ(results[0].total.count, 11u);
   EXPECT_EQ(results[0].total.nan_count, 1u);
   EXPECT_DOUBLE_EQ(results[0].total.mean, 6.0);
