@@ -952,6 +952,24 @@ ConvertResult convert(const ConvertOptions& options) {
     }
   }
 
+  // A variable not along the join dimension (2-D latitude and longitude, a static field) is
+  // written once, from the first input: every other input that has it must hold the same values,
+  // or the output's would be those of one file only.
+  auto require_same_in_every_input = [&](const Variable& variable) {
+    std::optional<std::vector<uint8_t>> values0;
+    for (size_t i = 1; i < sources.size(); ++i) {
+      const Variable* other = sources[i]->find(variable.name);
+      if (!other) continue;
+      const bool same_layout = other->dims == variable.dims && other->shape == variable.shape &&
+                               other->dtype == variable.dtype;
+      if (same_layout && !values0) values0 = read_all(first, variable);
+      if (!same_layout || read_all(*sources[i], *other) != *values0) {
+        throw Error("mismatched inputs: " + variable.name + ", which is not along " + concat +
+                    ", differs between " + first.path() + " and " + sources[i]->path() +
+                    " (it would be written from the first input alone)");
+      }
+    }
+  };
   // One input's share of a variable: the rows [offset, offset + length) along the first dimension.
   struct Part {
     const Source* source;
@@ -1001,6 +1019,7 @@ ConvertResult convert(const ConvertOptions& options) {
       parts.push_back({sources[i].get(), piece, offset, length});
       offset += length;
     }
+    if (!joined) require_same_in_every_input(variable);
     return parts;
   };
   // The decoding of a part: CF as xarray does it, or none when rechunking.

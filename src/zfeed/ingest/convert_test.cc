@@ -249,6 +249,11 @@ TEST(Convert, BadInputsAreClearErrors) {
   options.inputs = {dir / "a.nc", dir / "b.nc"};
   options.output = dir / "out.zarr";
   EXPECT_CONTAINS(error_of([&] { convert(options); }), "mismatched grids: coordinate lat");
+  // A variable not along time is written from the first input: the others must agree.
+  zfeed::testing::write_test_netcdf(dir / "c.nc", 2, 12, false, 10.0f, 7);
+  options.inputs = {dir / "a.nc", dir / "c.nc"};
+  EXPECT_CONTAINS(error_of([&] { convert(options); }),
+                  "mismatched inputs: level_count, which is not along time, differs between");
   options.inputs = {dir / "a.nc"};
   options.variables = {"nope"};
   EXPECT_CONTAINS(error_of<NotFoundError>([&] { convert(options); }), "no variable 'nope'");

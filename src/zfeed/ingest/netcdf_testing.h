@@ -25,8 +25,8 @@
 namespace zfeed::testing {
 
 #if !ZFEED_HAVE_NETCDF
-inline void write_test_netcdf(const std::string& path, size_t, int = 0, bool = false,
-                              float = 10.0f) {
+inline void write_test_netcdf(const std::string& path, size_t, int = 0, bool = false, float = 10.0f,
+                              int = 1) {
   throw std::logic_error(path + ": write_test_netcdf needs libnetcdf (ZFEED_REQUIRE_NETCDF skips)");
 }
 #else
@@ -38,10 +38,10 @@ inline void nc_check(int status) {
 // A file like a small packed reanalysis: time (unlimited, `nt` steps from `t0`, hours since
 // 1900), lat (3), lon (4), t(time, lat, lon) int16 packed with scale_factor 0.5, add_offset 200
 // and _FillValue -32767 (every 5th value missing), z(time, lat, lon) float32 with missing_value
-// 1e20 at index 1, level_count(lat) int32, a char variable `label` (skipped) and global attributes.
-// `netcdf4` writes netCDF-4 (HDF5) instead of classic.
+// 1e20 at index 1, level_count(lat) int32 (count0, count0 + 1, count0 + 2), a char variable
+// `label` (skipped) and global attributes. `netcdf4` writes netCDF-4 (HDF5) instead of classic.
 inline void write_test_netcdf(const std::string& path, size_t nt, int t0 = 0, bool netcdf4 = false,
-                              float lat0 = 10.0f) {
+                              float lat0 = 10.0f, int count0 = 1) {
   int ncid, time_dim, lat_dim, lon_dim, str_dim;
   nc_check(nc_create(path.c_str(), netcdf4 ? NC_NETCDF4 : NC_CLOBBER, &ncid));
   nc_check(nc_def_dim(ncid, "time", NC_UNLIMITED, &time_dim));
@@ -89,7 +89,7 @@ inline void write_test_netcdf(const std::string& path, size_t nt, int t0 = 0, bo
   float lats[3] = {lat0, lat0 + 1, lat0 + 2}, lons[4] = {0, 90, 180, 270};
   nc_check(nc_put_var_float(ncid, lat_var, lats));
   nc_check(nc_put_var_float(ncid, lon_var, lons));
-  int counts[3] = {1, 2, 3};
+  int counts[3] = {count0, count0 + 1, count0 + 2};
   nc_check(nc_put_var_int(ncid, count_var, counts));
   nc_check(nc_put_var_text(ncid, label_var, "aaaaabbbbbccccc"));
   std::vector<short> t(nt * 12);
