@@ -48,6 +48,7 @@ KEYS = [
     np.s_[:, [0, 6], 2],
     np.s_[:, [0, 6], ..., 2],  # an ellipsis of no axis sets them apart: the array's axis goes first
     np.s_[[1, 2], ..., [3, 4], 0],  # points set apart the same way
+    np.s_[:, [0, 2], ..., [1, 3]],  # two arrays set apart: the points' axis goes first
     np.s_[[0, 1], 2],
     np.s_[::-2, [4, 0], 1:6:2],
     np.s_[np.array([True, False] * 4 + [True])],

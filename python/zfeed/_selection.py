@@ -333,6 +333,7 @@ class Points:
         from .array import _Index  # the slices of the key
 
         self.shape = tuple(shape)
+        gap = getattr(key, "gap", None)  # where an ellipsis of no axis stood (Expanded)
         # Boolean masks become the integer arrays of their True positions, one per axis they cover.
         expanded: list = []
         for k in key:
@@ -379,8 +380,9 @@ class Points:
         self.slice_axes = [d for d in range(len(shape)) if d not in self.point_axes]
         slice_counts = [self.slices.counts[d] for d in self.slice_axes]
         # NumPy puts the points' dimensions where the point axes are when they are side by side,
-        # else first.
-        adjacent = self.point_axes == list(range(self.point_axes[0], self.point_axes[-1] + 1))
+        # else first; an ellipsis between them, even one that covers no axis, sets them apart.
+        adjacent = self.point_axes == list(range(self.point_axes[0], self.point_axes[-1] + 1)) and not (
+            gap is not None and self.point_axes[0] < gap <= self.point_axes[-1])
         place = sum(1 for d in self.slice_axes if d < self.point_axes[0]) if adjacent and not slices_last else 0
         self.result_shape = tuple(slice_counts[:place]) + self.points_shape + tuple(slice_counts[place:])
         self._place = place
