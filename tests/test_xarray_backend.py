@@ -258,7 +258,6 @@ def test_values_are_read_when_used_not_when_opened(tmp_path):
 
 
 def test_dask_chunks_follow_stored_chunks(cf_store):
-    pytest.importorskip("dask")
     path, _ = cf_store
     ds = _zfeed(path, chunks={})
     assert ds["t2m"].chunks == ((2,) * 5, (5,), (4, 3))
@@ -266,8 +265,11 @@ def test_dask_chunks_follow_stored_chunks(cf_store):
     want = _zarr(path, chunks={})
     assert {k: v.chunks for k, v in ds.variables.items()} == {k: v.chunks for k, v in want.variables.items()}
     xr.testing.assert_identical(ds.compute(), want.compute())
-    # dask's threaded scheduler reads the chunks from several threads at once.
+    # dask's threaded scheduler reads the chunks from several threads at once; its processes
+    # scheduler pickles the arrays into other processes, which read them there.
     xr.testing.assert_identical(ds.t2m.mean("time").compute(scheduler="threads"), want.t2m.mean("time").compute())
+    xr.testing.assert_identical(ds.t2m.mean("time").compute(scheduler="processes", num_workers=2),
+                                want.t2m.mean("time").compute())
 
 
 def _sharded_store(path, seed):
