@@ -263,3 +263,15 @@ def test_a_dataset_passed_to_mp_spawn_takes_each_process_s_rank(store, no_launch
     for rank in range(2):
         result = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert result == {"rank": rank, "world_size": 2, "batches": (T - 1) // 2, "carried": [rank, 2]}, result
+
+
+def test_zfeed_torch_is_there_after_a_plain_import():
+    """The README's zfeed.torch.to_torch(batch) after `import zfeed` alone: the submodule (which
+    imports torch) is loaded on first use."""
+    import subprocess
+    import sys
+
+    script = "import sys, zfeed\nassert 'torch' not in sys.modules\nprint(zfeed.torch.to_torch.__name__)\n"
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "to_torch"

@@ -75,3 +75,13 @@ __all__ = [
     "stage",
 ]
 __version__ = build_info()["version"]  # pyproject.toml's, compiled into the library
+
+
+def __getattr__(name: str):
+    """zfeed.torch (to_torch, ZarrIterableDataset) imports torch, so `import zfeed` leaves it out;
+    it is imported on first use, as `zfeed.torch.to_torch(batch)` after a plain `import zfeed`."""
+    if name == "torch":
+        import importlib
+
+        return importlib.import_module(".torch", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
