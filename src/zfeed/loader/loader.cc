@@ -1861,6 +1861,7 @@ struct Loader::BackgroundStage {
 void Loader::stage_and_reopen(size_t reference) {
   zarr::StageOptions options;
   options.progress = spec_.stage_progress;
+  options.node = spec_.path;
   if (time_start_ != 0 || time_stop_ != time_extent_) {
     const auto& meta = arrays_[reference].metadata();
     if (!meta.dimension_names || !(*meta.dimension_names)[0]) {

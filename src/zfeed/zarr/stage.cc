@@ -368,21 +368,21 @@ void check_local_destination(const std::string& destination_path) {
   }
 }
 
-// A copy into its own source, or around it, would write into what it reads: refused before
-// anything (the lock file first) is made there.
-// The key of the source's root metadata (zarr.json, .zgroup or .zarray). A source without one
-// is refused: a mistyped path or prefix would otherwise stage as a complete copy of nothing.
-std::string root_metadata_key(const Store& source) {
-  for (const char* key : {"zarr.json", ".zgroup", ".zarray"}) {
-    if (source.size(key)) return key;
+// A source without metadata where the copy is for (StageOptions::node: the store's root, or
+// the group a loader reads) is refused: a mistyped path or prefix would otherwise stage as a
+// complete copy of nothing.
+void require_metadata(const Store& source, const std::string& node) {
+  for (const char* name : {"zarr.json", ".zgroup", ".zarray"}) {
+    if (source.size(join_key(node, name))) return;
   }
-  throw NotFoundError(source.url() +
-                      ": no Zarr store there to stage (no zarr.json, .zgroup or .zarray at its "
-                      "root)");
+  throw NotFoundError(source.url() + (node.empty() ? "" : "/" + node) +
+                      ": no Zarr store there to stage (no zarr.json, .zgroup or .zarray)");
 }
 
+// A copy into its own source, or around it, would write into what it reads: refused before
+// anything (the lock file first) is made there.
 void check_apart(const Store& source, const std::string& destination_path) {
-  const auto marker = source.local_path(root_metadata_key(source));
+  const auto marker = source.local_path("zarr.json");  // a path in the root, held or not
   if (!marker) return;
   std::error_code ec;
   const fs::path from = fs::weakly_canonical(fs::path(*marker).parent_path(), ec);
@@ -444,6 +444,7 @@ StageResult stage(std::shared_ptr<Store> source, const std::string& destination_
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   };
   check_local_destination(destination_path);
+  require_metadata(*source, options.node);
   check_apart(*source, destination_path);
   FileStoreOptions store_options;
   store_options.create = true;

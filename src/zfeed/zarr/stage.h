@@ -49,6 +49,9 @@ struct StageOptions {
   // Called with each value's key once it is in place: found present (of the source's listed
   // size) or copied; not for values the source lacks. From the copying threads.
   std::function<void(std::string_view key)> on_staged;
+  // The group the copy is made for (a loader's, below the store's root): its metadata must be in
+  // the source. The store's whole hierarchy is copied all the same.
+  std::string node;
 };
 
 struct StageResult {
