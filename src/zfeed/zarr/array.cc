@@ -9,6 +9,7 @@
 #include "zfeed/codec/sharding.h"
 #include "zfeed/util/box_copy.h"
 #include "zfeed/util/error.h"
+#include "zfeed/util/fork_gate.h"
 #include "zfeed/util/scratch.h"
 #include "zfeed/util/thread_pool.h"
 
@@ -613,12 +614,29 @@ namespace {
 
 // Writes of one chunk (or shard) in this process take turns: a write that covers part of it
 // reads, changes and stores it back, and two at once (threads writing neighbouring time steps
-// of one shard) would each store their own change over the other's. Striped by the value's URL,
-// so that two Array objects of one store share the lock.
-std::mutex& chunk_write_lock(const Store& store, const std::string& key) {
-  static std::array<std::mutex, 256> locks;
-  const size_t hash = std::hash<std::string>()(store.url()) ^ std::hash<std::string>()(key);
-  return locks[hash % locks.size()];
+// of one shard) would each store their own change over the other's. Striped by the value's
+// whole URL, so that Array objects of one array share the lock however its store was opened
+// (a group's store and key "t2m/c/0", or the array's own store and key "c/0").
+std::unique_lock<std::mutex> take_chunk_write_turn(const Store& store, const std::string& key) {
+  struct Locks {
+    std::array<std::mutex, 256> stripes;
+    Locks() {
+      // A forked child has none of the parent's threads: stripes they held are made anew.
+      ForkGate::add_fork_handlers([] {}, [] {},
+                                  [this] {
+                                    for (auto& stripe : stripes) new (&stripe) std::mutex();
+                                  });
+    }
+  };
+  static Locks& locks = *new Locks();  // never destroyed: the fork handler refers to it
+  std::string url = store.url();
+  if (!url.empty() && url.back() != '/') url += '/';
+  std::mutex& stripe = locks.stripes[std::hash<std::string>()(url + key) % locks.stripes.size()];
+  // The holder may encode a shard on the pool, giving up its fork pass there (and waiting, if a
+  // fork is under way, for the fork to end): wait for the turn without a pass, or the fork would
+  // wait for this thread and this thread for the holder.
+  ForkGate::Release waiting;
+  return std::unique_lock(stripe);
 }
 
 }  // namespace
@@ -656,7 +674,7 @@ void Array::write(const Selection& selection, const void* in_ptr) const {
              (step[d] == 1 || count[d] == 1);
     }
     std::string key = chunk_key(chunk_index);
-    std::lock_guard turn(chunk_write_lock(*store_, key));
+    const std::unique_lock turn = take_chunk_write_turn(*store_, key);
     const uint8_t* values;
     ScratchBuffer chunk;
     if (full && is_contiguous(count, in_shape)) {

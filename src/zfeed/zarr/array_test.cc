@@ -389,6 +389,39 @@ TEST(Array, ThreadsWritingPartsOfOneShardLoseNothing) {
   for (uint64_t t = 0; t < 32; ++t) EXPECT_EQ(values[t * 8], float(t)) << "step " << t;
 }
 
+TEST(Array, AForkWhileThreadsWriteShardsLeavesBothProcessesWriting) {
+  // A thread changes steps of shards (read, change, encode on the pool, store) while the main
+  // thread forks, as a DataLoader starting workers would: neither process may hang, and the
+  // child writes the same shards.
+  auto store = make_memory_store();
+  const std::string codecs =
+      R"([{"name": "sharding_indexed", "configuration": {"chunk_shape": [1, 16],
+      "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}]}}])";
+  Array array = Array::create(store, "s", v3_meta("float32", {256, 16}, {8, 16}, codecs, "0"));
+  std::atomic<bool> stop{false};
+  std::thread writer([&] {
+    std::vector<float> rows(32 * 16);
+    for (uint64_t i = 0; !stop; ++i) {
+      std::fill(rows.begin(), rows.end(), float(i));
+      array.write({{i % 8, 256, 8}, {0, 16, 1}}, rows.data());  // one step of every shard
+    }
+  });
+  for (int fork_number = 0; fork_number < 20; ++fork_number) {
+    const pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      std::vector<float> rows(32 * 16, -1.0f);
+      array.write({{1, 256, 8}, {0, 16, 1}}, rows.data());
+      std::vector<float> back(32 * 16);
+      array.read({{1, 256, 8}, {0, 16, 1}}, back.data());
+      ::_exit(back == rows ? 0 : 1);
+    }
+    ASSERT_EQ(testing::exit_status_of_child(child, 30), 0) << "fork " << fork_number;
+  }
+  stop = true;
+  writer.join();
+}
+
 TEST(Array, ShardedPartialReadFetchesIndexAndOneInnerChunk) {
   auto store = std::make_shared<testing::WatchedStore>(make_memory_store());
   ReadLog log(*store);
