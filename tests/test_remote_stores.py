@@ -461,6 +461,64 @@ def test_ctrl_c_stops_a_stage_waiting_for_another_process(tmp_path):
     assert "KeyboardInterrupt" in err, err
 
 
+def test_ctrl_c_ends_a_wait_for_a_batch_from_a_stalled_server(tmp_path):
+    """A loader whose server stopped answering: Ctrl-C (SIGINT) raises KeyboardInterrupt within
+    a moment, not when the stalled read gives up (30 s, then retries), and the batch is still due:
+    iterating again once the server answers yields it."""
+    import signal
+
+    source = tmp_path / "era5.zarr"
+    _era5_like(source)
+    script = f"""
+import threading, time
+from functools import partial
+from http.server import ThreadingHTTPServer
+import numpy as np, zfeed
+from zfeed._range_server import RangeHandler
+
+answering = threading.Event()
+answering.set()
+
+class Stalling(RangeHandler):
+    def send_head(self):
+        answering.wait()
+        return super().send_head()
+
+server = ThreadingHTTPServer(("127.0.0.1", 0), partial(Stalling, directory={str(tmp_path)!r}))
+server.daemon_threads = True
+threading.Thread(target=server.serve_forever, daemon=True).start()
+kwargs = dict(inputs=["t2m", "u500"], targets=["z500"], batch_size=2, shuffle=False)
+loader = zfeed.Loader(f"http://127.0.0.1:{{server.server_address[1]}}/era5.zarr", **kwargs)
+answering.clear()
+print("waiting", flush=True)
+start = time.monotonic()
+try:
+    next(iter(loader))
+    print("no interrupt", flush=True)
+except KeyboardInterrupt:
+    print(f"interrupted after {{time.monotonic() - start:.1f}} s", flush=True)
+answering.set()
+got = next(iter(loader))
+want = next(iter(zfeed.Loader({str(source)!r}, **kwargs)))
+assert all(np.array_equal(got[k], want[k]) for k in want), "another batch"
+print("resumed", flush=True)
+# Not Python's exit: it freezes the server's daemon threads while the loader still reads ahead.
+import os
+os._exit(0)
+"""
+    process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+    assert process.stdout.readline() == "waiting\n"
+    time.sleep(1.0)
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 0, err
+    lines = out.splitlines()
+    assert lines[0].startswith("interrupted after "), out
+    assert float(lines[0].split()[2]) < 10, out  # at once, not after the stalled read's 30 s
+    assert lines[1] == "resumed", out
+
+
 def test_stage_a_time_range_from_the_command_line(s3, tmp_path):
     local = tmp_path / "era5.zarr"
     _era5_like(local)

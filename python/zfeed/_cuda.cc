@@ -290,12 +290,7 @@ void bind_cuda(nb::module_& m) {
          "stage_progress"_a = true)
       .def("next",
            [](DeviceLoader& loader) -> nb::object {
-             std::optional<DeviceBatch> batch;
-             {
-               nb::gil_scoped_release release;
-               std::lock_guard turn(loader.calls_mutex());  // threads share loaders
-               batch = loader.next();
-             }
+             std::optional<DeviceBatch> batch = next_interruptibly(loader);
              if (!batch) return nb::none();
              const auto& host = loader.host();
              CudaTensor inputs{batch->handle, batch->inputs,
@@ -311,37 +306,23 @@ void bind_cuda(nb::module_& m) {
       .def(
           "set_epoch",
           [](DeviceLoader& loader, uint64_t epoch) {
-            nb::gil_scoped_release release;
-            std::lock_guard turn(loader.calls_mutex());
-            loader.set_epoch(epoch);
+            in_turn(loader, [&] { loader.set_epoch(epoch); });
           },
           "epoch"_a)
       .def("begin_iteration",
-           [](DeviceLoader& loader) {
-             nb::gil_scoped_release release;
-             std::lock_guard turn(loader.calls_mutex());
-             loader.begin_iteration();
-           })
+           [](DeviceLoader& loader) { in_turn(loader, [&] { loader.begin_iteration(); }); })
       .def_prop_ro("epoch", &DeviceLoader::epoch)
       .def_prop_ro("position", &DeviceLoader::position)
       .def_prop_ro("device", &DeviceLoader::device)
       .def("state_json",
            [](const DeviceLoader& loader) {
-             zfeed::Json state;
-             {
-               nb::gil_scoped_release release;
-               std::lock_guard turn(loader.calls_mutex());
-               state = loader.state();
-             }
-             return state.dump();
+             return in_turn(loader, [&] { return loader.state(); }).dump();
            })
       .def(
           "restore_json",
           [](DeviceLoader& loader, const std::string& text) {
             auto state = zfeed::parse_json(text, "loader state");
-            nb::gil_scoped_release release;
-            std::lock_guard turn(loader.calls_mutex());
-            loader.restore(state);
+            in_turn(loader, [&] { loader.restore(state); });
           },
           "state"_a)
       .def("stats_json", [](const DeviceLoader& loader) {

@@ -79,46 +79,25 @@ void bind_loader(nb::module_& m) {
          "store"_a, "spec"_a, "stage_progress"_a = true)
       .def("next",
            [](Loader& loader) -> nb::object {
-             std::optional<Batch> batch;
-             {
-               nb::gil_scoped_release release;
-               std::lock_guard turn(loader.calls_mutex());  // threads share loaders
-               batch = loader.next();
-             }
+             std::optional<Batch> batch = next_interruptibly(loader);
              if (!batch) return nb::none();
              return to_python(loader, *batch);
            })
       .def(
           "set_epoch",
-          [](Loader& loader, uint64_t epoch) {
-            nb::gil_scoped_release release;
-            std::lock_guard turn(loader.calls_mutex());
-            loader.set_epoch(epoch);
-          },
+          [](Loader& loader, uint64_t epoch) { in_turn(loader, [&] { loader.set_epoch(epoch); }); },
           "epoch"_a)
       .def("begin_iteration",
-           [](Loader& loader) {
-             nb::gil_scoped_release release;
-             std::lock_guard turn(loader.calls_mutex());
-             loader.begin_iteration();
-           })
+           [](Loader& loader) { in_turn(loader, [&] { loader.begin_iteration(); }); })
       .def("state_json",
            [](const Loader& loader) {
-             zfeed::Json state;
-             {
-               nb::gil_scoped_release release;
-               std::lock_guard turn(loader.calls_mutex());
-               state = loader.state();
-             }
-             return state.dump();
+             return in_turn(loader, [&] { return loader.state(); }).dump();
            })
       .def(
           "restore_json",
           [](Loader& loader, const std::string& text) {
             auto state = zfeed::parse_json(text, "loader state");
-            nb::gil_scoped_release release;
-            std::lock_guard turn(loader.calls_mutex());
-            loader.restore(state);
+            in_turn(loader, [&] { loader.restore(state); });
           },
           "state"_a)
       .def("stats_json", [](const Loader& loader) { return loader.stats().to_json().dump(); })

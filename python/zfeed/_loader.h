@@ -63,6 +63,29 @@ void construct_releasing_gil(Make make) {
   }
 }
 
+// Runs `call()` (a call on `loader`) with the GIL released, taking its turn among the Python
+// threads that share the loader, and returns what it returns.
+template <typename AnyLoader, typename Call>
+auto in_turn(AnyLoader& loader, Call call) {
+  nanobind::gil_scoped_release release;
+  std::lock_guard turn(loader.calls_mutex());
+  return call();
+}
+
+// The loader's next batch (`loader.next(stop)`), asking Python's signal handlers while it waits:
+// Ctrl-C raises KeyboardInterrupt at once, not when a stalled read gives up, and the batch stays
+// due for the next call.
+template <typename AnyLoader>
+auto next_interruptibly(AnyLoader& loader) {
+  const std::function<bool()> interrupted = python_interrupt_check();
+  try {
+    return in_turn(loader, [&] { return loader.next(interrupted); });
+  } catch (const zfeed::InterruptedError&) {
+    raise_if_interrupted();
+    throw;
+  }
+}
+
 // What staging did (LoaderSpec::stage_dir) as JSON, or "null" where the loader staged nothing.
 inline std::string staged_json(const zfeed::loader::Loader& loader) {
   if (const auto progress = loader.staging_progress()) {

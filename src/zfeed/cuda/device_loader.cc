@@ -347,9 +347,9 @@ DeviceSlot* DeviceLoader::free_slot() {
   return slot;
 }
 
-bool DeviceLoader::enqueue() {
+bool DeviceLoader::enqueue(const std::function<bool()>& interrupted) {
   const auto wait_start = std::chrono::steady_clock::now();
-  std::optional<loader::Batch> host_batch = host_->next();
+  std::optional<loader::Batch> host_batch = host_->next(interrupted);
   stats_.host_wait_ns += since_ns(wait_start);
   if (!host_batch) {
     host_finished_ = true;
@@ -512,20 +512,20 @@ void DeviceLoader::release_copied_host_batches(bool wait_for_all) {
   stats_.copy_wait_ns += since_ns(start);
 }
 
-std::optional<DeviceBatch> DeviceLoader::next() {
+std::optional<DeviceBatch> DeviceLoader::next(const std::function<bool()>& interrupted) {
   DeviceScope device(options_.device);
   for (;;) {
     try {
-      return next_batch();
+      return next_batch(interrupted);
     } catch (const PipelineReset&) {
       // The pipeline was reset to the first batch not handed out, which now decodes on the CPU.
     }
   }
 }
 
-std::optional<DeviceBatch> DeviceLoader::next_batch() {
+std::optional<DeviceBatch> DeviceLoader::next_batch(const std::function<bool()>& interrupted) {
   while (in_flight_.size() < options_.depth + 1 && !host_finished_) {
-    if (!enqueue()) break;
+    if (!enqueue(interrupted)) break;
   }
   if (in_flight_.empty()) {
     release_copied_host_batches(true);  // the epoch's last copies: their time is in stats()

@@ -22,6 +22,7 @@
 #include <array>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -150,8 +151,10 @@ class DeviceLoader {
   DeviceLoader& operator=(const DeviceLoader&) = delete;
 
   // The next batch of the current epoch (its copy and cast enqueued; wait_on before use), or
-  // nullopt at the end of the epoch.
-  std::optional<DeviceBatch> next();
+  // nullopt at the end of the epoch. `interrupted` as for loader::Loader::next: asked while
+  // waiting for the host loader's batch; InterruptedError leaves the batches in flight for the
+  // next call.
+  std::optional<DeviceBatch> next(const std::function<bool()>& interrupted = {});
   void set_epoch(uint64_t epoch);
   void begin_iteration();
   // The host loader's state, positioned after the batches handed to the consumer (not those
@@ -188,9 +191,10 @@ class DeviceLoader {
     uint64_t prepare_ns = 0;     // this thread's work in enqueue() (not its waits)
     DeviceSlot* slot = nullptr;  // for decode="auto"'s timing
   };
-  bool enqueue();           // one more batch onto the copy stream; false at the end of the epoch
+  // One more batch onto the copy stream; false at the end of the epoch.
+  bool enqueue(const std::function<bool()>& interrupted);
   struct PipelineReset {};  // the batches in flight were dropped: start again (next() catches it)
-  std::optional<DeviceBatch> next_batch();
+  std::optional<DeviceBatch> next_batch(const std::function<bool()>& interrupted);
   // Waits for decoder d's batch and checks it; on failure falls back to the CPU.
   void finish_decode(size_t d);
   [[noreturn]] void fall_back_to_cpu(uint64_t batch_index, const Error& error);

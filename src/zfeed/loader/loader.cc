@@ -1675,7 +1675,7 @@ void Loader::stop_producer() {
   shared_->stop = false;
 }
 
-std::optional<Batch> Loader::next() {
+std::optional<Batch> Loader::next(const std::function<bool()>& interrupted) {
   check_background_stage(!producer_);
   if (position_ >= batches_per_epoch()) {
     stop_producer();
@@ -1685,6 +1685,8 @@ std::optional<Batch> Loader::next() {
   start_producer();
   Shared& shared = *shared_;
   const auto wait_start = Clock::now();
+  constexpr auto kInterruptCheckPeriod = std::chrono::milliseconds(100);
+  auto next_check = wait_start + kInterruptCheckPeriod;
   Shared::Ready ready;
   {
     std::unique_lock lock(shared.mutex);
@@ -1696,7 +1698,21 @@ std::optional<Batch> Loader::next() {
         shared.free.push_back(shared.allocate());
         shared.cv.notify_all();
       }
-      shared.cv.wait(lock);
+      if (!interrupted) {
+        shared.cv.wait(lock);
+      } else if (Clock::now() < next_check) {
+        shared.cv.wait_until(lock, next_check);
+      } else {
+        lock.unlock();  // the check may take the GIL, which a thread waiting for this lock holds
+        const bool stop = interrupted();
+        lock.lock();
+        if (stop) {
+          shared.wait_ns += elapsed_ns(wait_start);
+          throw InterruptedError("loader: interrupted while waiting for batch " +
+                                 std::to_string(position_) + " of epoch " + std::to_string(epoch_));
+        }
+        next_check = Clock::now() + kInterruptCheckPeriod;
+      }
     }
     if (shared.ready.empty()) throw Error("loader: the prefetch thread ended before the epoch did");
     ready = std::move(shared.ready.front());

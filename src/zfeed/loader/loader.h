@@ -285,7 +285,9 @@ class Loader {
 
   // The next batch of the current epoch, or nullopt when the epoch is over. Starts the prefetch
   // thread on first use. A read error surfaces here (the same batch is retried on the next call).
-  std::optional<Batch> next();
+  // While it waits, `interrupted` (if given) is asked about every 100 ms on this thread; when it
+  // says true, InterruptedError is thrown and the batch stays due for the next call.
+  std::optional<Batch> next(const std::function<bool()>& interrupted = {});
   // Starts `epoch` at its first batch; the current epoch (a restored position) is kept when
   // `epoch` equals it and is not over (an epoch that is over starts again: a validation loader
   // set to epoch 0 before each evaluation reads the same samples each time).

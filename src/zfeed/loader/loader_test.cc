@@ -1651,13 +1651,13 @@ std::shared_ptr<testing::WatchedStore> watched_store_with_extra(uint64_t extra_c
   return std::make_shared<testing::WatchedStore>(inner);
 }
 
-// Holds every read of `key` from `store` until open() (the copy's: the loaders here never read
-// it). The wait gives up the thread's fork pass: a test may fork meanwhile.
+// Holds every read of `key` (every read, where `key` is empty) from `store` until open(). The
+// wait gives up the thread's fork pass: a test may fork meanwhile.
 class ReadGate {
  public:
   ReadGate(testing::WatchedStore& store, std::string key) {
     store.on_read = [this, key = std::move(key)](std::string_view read, const ByteRange&) {
-      if (read != key) return;
+      if (!key.empty() && read != key) return;
       ForkGate::Release waiting;
       std::unique_lock lock(mutex_);
       cv_.wait(lock, [&] { return open_; });
@@ -1683,6 +1683,25 @@ void wait_for_background_copy(const Loader& loader) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   ASSERT_FALSE(loader.staging_progress()) << "the copy did not end";
+}
+
+TEST(Loader, AnInterruptEndsTheWaitForABatchWhichStaysDue) {
+  auto source = watched_store_with_extra(1);
+  auto spec = base_spec(source);
+  spec.shuffle = false;
+  spec.batch_size = 2;
+  Loader loader(spec);
+  ReadGate stalled(*source, "");  // as a remote store that stopped answering
+  int asked = 0;
+  EXPECT_CONTAINS(error_of<InterruptedError>([&] { loader.next([&] { return ++asked == 3; }); }),
+                  "interrupted while waiting for batch 0 of epoch 0");
+  EXPECT_EQ(asked, 3);
+  EXPECT_EQ(loader.position(), 0u);
+  stalled.open();
+  auto batch = loader.next([] { return false; });
+  ASSERT_TRUE(batch);
+  EXPECT_EQ(batch->index, 0u);
+  check_batch(source, loader, *batch);
 }
 
 TEST(Loader, StagesInTheBackgroundWhileItServesBatches) {

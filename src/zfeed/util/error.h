@@ -26,6 +26,13 @@ class NotFoundError : public Error {
   using Error::Error;
 };
 
+// A wait given a stop check ended because the check said so (Ctrl-C in Python): nothing failed,
+// and the call may be made again.
+class InterruptedError : public Error {
+ public:
+  using Error::Error;
+};
+
 // A value whose size is not the one expected (a chunk too short or too long for its shape),
 // with both sizes, so a caller that knows what the value is can say so.
 class SizeMismatchError : public Error {
