@@ -287,7 +287,7 @@ class HttpStore final : public Store {
       // A missing key reads as absent (a missing chunk is the fill value); a missing bucket is an
       // error, which only a GET's body tells apart.
       if (s3_error_text(response.body).starts_with("NoSuchBucket")) {
-        throw status_error(where, response);
+        throw status_error(where, response, Request::kRead);
       }
       return false;
     }
@@ -326,7 +326,7 @@ class HttpStore final : public Store {
       value_size = total;
       return true;
     }
-    throw status_error(where, response);
+    throw status_error(where, response, Request::kRead);
   }
 
   std::optional<uint64_t> size(std::string_view key) const override {
@@ -335,11 +335,18 @@ class HttpStore final : public Store {
     Response response = perform("HEAD", key_url(key), where, "", {}, nullptr);
     if (response.status == 404) return std::nullopt;
     if (response.status != 200) {
-      // A HEAD's error has no body: a GET of the first byte says S3's error code and message.
+      // A HEAD's error has no body: a GET of the first byte says S3's error code and message,
+      // or, from a server that takes no HEAD (405), the size.
       Bytes first_byte;
       Response detail = perform("GET", key_url(key), where, "Range: bytes=0-0", {}, &first_byte);
-      if (forbidden_as_missing(detail)) return std::nullopt;
-      throw status_error(where, detail.status == response.status ? detail : response);
+      if (forbidden_as_missing(detail) || detail.status == 404) return std::nullopt;
+      if (detail.status == 206) {
+        if (const auto total = total_size(detail.content_range)) return *total;
+      } else if (detail.status == 200) {
+        return first_byte.size();  // the range was ignored: the whole value came
+      }
+      throw status_error(where, detail.status == response.status ? detail : response,
+                         Request::kRead);
     }
     if (response.content_length < 0) {
       throw Error(where + ": the server did not say the value's size (no Content-Length)");
@@ -353,7 +360,7 @@ class HttpStore final : public Store {
     require_s3(where, "written");
     // An S3 PUT is atomic: readers see the old object or the new one.
     Response response = perform("PUT", key_url(key), where, "", value, nullptr);
-    if (response.status != 200) throw status_error(where, response);
+    if (response.status != 200) throw status_error(where, response, Request::kWrite);
   }
 
   void erase(std::string_view key) override {
@@ -362,7 +369,7 @@ class HttpStore final : public Store {
     require_s3(where, "changed");
     Response response = perform("DELETE", key_url(key), where, "", {}, nullptr);
     if (response.status != 204 && response.status != 200 && response.status != 404) {
-      throw status_error(where, response);
+      throw status_error(where, response, Request::kErase);
     }
   }
 
@@ -476,7 +483,7 @@ class HttpStore final : public Store {
       url += "list-type=2&prefix=" + percent_encode(full_prefix, false);
       Bytes body;
       Response response = perform("GET", url, where, "", {}, &body);
-      if (response.status != 200) throw status_error(where, response);
+      if (response.status != 200) throw status_error(where, response, Request::kList);
       ListPage page;
       try {
         page = parse_list_objects(
@@ -493,7 +500,14 @@ class HttpStore final : public Store {
     }
   }
 
-  Error status_error(const std::string& where, const Response& response) const {
+  // What a request did, for what a refusal (403) may mean.
+  enum class Request { kRead, kWrite, kErase, kList };
+  static Request request_of(const char* method) {
+    const std::string_view name = method;
+    return name == "PUT" ? Request::kWrite : name == "DELETE" ? Request::kErase : Request::kRead;
+  }
+
+  Error status_error(const std::string& where, const Response& response, Request request) const {
     std::string message = where + ": HTTP " + std::to_string(response.status);
     const std::string detail = s3_error_text(response.body);
     if (!detail.empty()) message += " (" + detail + ")";
@@ -501,13 +515,13 @@ class HttpStore final : public Store {
       message += "; the bucket is in region " + response.bucket_region + ", not " +
                  options_.region + ": set AWS_REGION=" + response.bucket_region;
     } else if (response.status == 403 && options_.s3) {
-      message += forbidden_hint(s3_error_code(response.body));
+      message += forbidden_hint(s3_error_code(response.body), request);
     }
     return Error(message);
   }
 
   // What a 403 from an S3 API may mean, by how the request was made.
-  std::string forbidden_hint(const std::string& code) const {
+  std::string forbidden_hint(const std::string& code, Request request) const {
     if (options_.display_url.starts_with("gs://")) {
       return "; the request was unsigned (zfeed reads public gs:// data; for private buckets use "
              "an S3 endpoint with HMAC keys)";
@@ -530,9 +544,17 @@ class HttpStore final : public Store {
       }
       return hint + ")";
     }
-    if (code == "AccessDenied" || code.empty()) {
-      return "; S3 answers 403 for a missing key when the credentials lack s3:ListBucket: grant "
-             "it, or set ZFEED_S3_FORBIDDEN_IS_MISSING=1 to read such keys as missing";
+    if (code != "AccessDenied" && !code.empty()) return "";
+    switch (request) {
+      case Request::kRead:
+        return "; S3 answers 403 for a missing key when the credentials lack s3:ListBucket: "
+               "grant it, or set ZFEED_S3_FORBIDDEN_IS_MISSING=1 to read such keys as missing";
+      case Request::kWrite:
+        return "; the credentials may lack s3:PutObject on this bucket";
+      case Request::kErase:
+        return "; the credentials may lack s3:DeleteObject on this bucket";
+      case Request::kList:
+        return "; the credentials may lack s3:ListBucket on this bucket";
     }
     return "";
   }
@@ -602,7 +624,7 @@ class HttpStore final : public Store {
         }
         if (body && response.status >= 300) response.body = Bytes(body->view());
         if (retry && attempt > 0) {  // still failing once the attempts are spent
-          Error error = status_error(where, response);
+          Error error = status_error(where, response, request_of(method));
           throw Error(std::string(error.what()) + " after " + std::to_string(attempt + 1) +
                       " attempts");
         }

@@ -168,6 +168,15 @@ TEST(HttpStore, A403SaysWhyAndCanReadAsMissing) {
   EXPECT_CONTAINS(error, "/missing: HTTP 403 (AccessDenied: Failing)");
   EXPECT_CONTAINS(error, "lack s3:ListBucket");
   EXPECT_CONTAINS(error, "ZFEED_S3_FORBIDDEN_IS_MISSING=1");
+  // A refused write or listing says which permission it needs, not the missing-key hint.
+  server.failures_left = 1;
+  const std::string write_error = error_of([&] { store->set("new", as_bytes("v")); });
+  EXPECT_CONTAINS(write_error,
+                  "/new: HTTP 403 (AccessDenied: Failing); the credentials may lack "
+                  "s3:PutObject");
+  EXPECT_FALSE(testing::contains(write_error, "missing key"));
+  server.failures_left = 1;
+  EXPECT_CONTAINS(error_of([&] { store->list(""); }), "may lack s3:ListBucket on this bucket");
   // Where asked, such keys read as missing.
   options.forbidden_is_missing = true;
   auto lenient = make_http_store(options);
@@ -181,6 +190,17 @@ TEST(HttpStore, A403SaysWhyAndCanReadAsMissing) {
   server.failures_left = 1;
   EXPECT_CONTAINS(error_of([&] { make_http_store(options)->get("k"); }),
                   "the request was unsigned");
+}
+
+TEST(HttpStore, ASizeComesFromAOneByteReadWhereTheServerRefusesHead) {
+  TestServer server;
+  server.put("bucket/k", "value");
+  auto store = make_http_store(s3_options(server, ""));
+  server.failure_status = 405;  // Method Not Allowed
+  server.failures_left = 1;     // the HEAD
+  EXPECT_EQ(store->size("k"), std::optional<uint64_t>(5));
+  server.failures_left = 1;
+  EXPECT_EQ(store->size("absent"), std::nullopt);
 }
 
 TEST(HttpStore, AServerThatIsNotThereIsAnErrorNamingTheUrl) {
