@@ -5,6 +5,8 @@
 #include <zstd_errors.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <cstring>
 
 #include "zfeed/codec/codec.h"
 #include "zfeed/util/error.h"
@@ -34,6 +36,19 @@ ZSTD_CCtx* thread_cctx() {
 [[noreturn]] void zstd_fail(size_t code, size_t encoded_size) {
   throw Error("zstd: corrupt or truncated stream of " + std::to_string(encoded_size) + " bytes (" +
               ZSTD_getErrorName(code) + ")");
+}
+
+// A stream whose first frame could not be measured: one that starts as a zstd frame was cut
+// short or damaged (the usual corruption: a copy that stopped early), anything else is no zstd.
+[[noreturn]] void unreadable_first_frame(ByteView encoded) {
+  uint32_t magic = 0;
+  if (encoded.size() >= 4) std::memcpy(&magic, encoded.data(), 4);  // little-endian, as zstd's
+  if (magic == ZSTD_MAGICNUMBER ||
+      (magic & ZSTD_MAGIC_SKIPPABLE_MASK) == ZSTD_MAGIC_SKIPPABLE_START) {
+    throw Error("zstd: corrupt or truncated stream of " + std::to_string(encoded.size()) +
+                " bytes (its first frame does not end within them)");
+  }
+  throw Error("zstd: not a zstd frame (" + std::to_string(encoded.size()) + " bytes)");
 }
 
 // The decoded size of the whole stream when every frame states its own (skippable frames count
@@ -116,7 +131,7 @@ class ZstdCodec final : public BytesToBytesCodec {
   void decode_into(ByteView encoded, MutableByteView out) const override {
     unsigned long long content = stream_content_size(encoded);
     if (content == ZSTD_CONTENTSIZE_ERROR) {
-      throw Error("zstd: not a zstd frame (" + std::to_string(encoded.size()) + " bytes)");
+      unreadable_first_frame(encoded);
     }
     if (content != ZSTD_CONTENTSIZE_UNKNOWN) {
       if (content > out.size()) {
@@ -154,7 +169,7 @@ class ZstdCodec final : public BytesToBytesCodec {
   bool decode_prefix(ByteView encoded, MutableByteView out) const override {
     // Only the first frame's header is checked: the rest of the stream may never be reached.
     if (ZSTD_getFrameContentSize(encoded.data(), encoded.size()) == ZSTD_CONTENTSIZE_ERROR) {
-      throw Error("zstd: not a zstd frame (" + std::to_string(encoded.size()) + " bytes)");
+      unreadable_first_frame(encoded);
     }
     ZSTD_DCtx* context = thread_dctx();
     ZSTD_DCtx_reset(context, ZSTD_reset_session_only);
@@ -177,7 +192,7 @@ class ZstdCodec final : public BytesToBytesCodec {
   Bytes decode(ByteView encoded, uint64_t max_size) const override {
     unsigned long long content = stream_content_size(encoded);
     if (content == ZSTD_CONTENTSIZE_ERROR) {
-      throw Error("zstd: not a zstd frame (" + std::to_string(encoded.size()) + " bytes)");
+      unreadable_first_frame(encoded);
     }
     uint64_t capacity = content != ZSTD_CONTENTSIZE_UNKNOWN
                             ? content

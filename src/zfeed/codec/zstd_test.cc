@@ -129,7 +129,8 @@ TEST(ZstdCodec, CorruptStreamsAreErrors) {
     for (size_t keep : {frame.size() - 1, frame.size() / 2, size_t{6}, size_t{0}}) {
       SCOPED_TRACE(keep);
       message = testing::decode_error(chain, frame.view().first(keep));
-      EXPECT_CONTAINS(message, "zstd");
+      // Cut short after the magic number: a truncated stream, not "not a zstd frame".
+      EXPECT_CONTAINS(message, keep >= 4 ? "zstd: corrupt or truncated stream" : "zstd");
     }
   }
 
