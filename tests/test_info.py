@@ -120,6 +120,8 @@ def test_time_chunks(tmp_path):
     text = {item["array"].strip("/"): item["advice"] for item in advice}
     assert "6 time steps" in text["z500"] and "zfeed rechunk --chunks time=1" in text["z500"]
     assert "inner chunks of 4 valid_time steps" in text["t"]
+    assert "--shards time=6 to keep the number of files" in text["z500"]
+    assert "--shards valid_time=12 to keep the number of files" in text["t"]  # the shard's steps
     assert "zfeed rechunk --chunks time=1" in run("info", root).stdout
 
 

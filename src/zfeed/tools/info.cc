@@ -85,12 +85,14 @@ Json advise(const zarr::Array& array, const zarr::StorageInfo& storage) {
   // chunk or however many steps it holds.
   const bool read_by_range = array.read_codecs().is_identity();
   if (time_dim && chunk[*time_dim] > 1 && meta.shape[*time_dim] > 1 && !read_by_range) {
-    uint64_t steps = chunk[*time_dim];
+    const uint64_t steps = chunk[*time_dim];
+    // The files hold a shard's steps where sharded (meta.chunk_shape is the shard's shape).
+    const uint64_t steps_per_file = meta.chunk_shape[*time_dim];
     add("time_chunks",
         "read " + what + " of " + std::to_string(steps) + " " + time_name +
             " steps: each t, t+1 sample decodes whole chunks to use 2 steps, and 2 chunks where it "
             "crosses a chunk edge; rechunk to one step per chunk (`zfeed rechunk --chunks " +
-            time_name + "=1`, with --shards " + time_name + "=" + std::to_string(steps) +
+            time_name + "=1`, with --shards " + time_name + "=" + std::to_string(steps_per_file) +
             " to keep the number of files)");
   }
   if (chunk_bytes > kLargeChunkBytes && !read_by_range) {
