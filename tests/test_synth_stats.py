@@ -110,3 +110,7 @@ def test_stats_with_nans_and_levels(tmp_path):
     assert stats["count"] == (~np.isnan(values)).sum(axis=(0, 2, 3)).tolist()
     result = run("stats", tmp_path / "levels.zarr", "--variables", "nope", ok=False)
     assert result.returncode != 0 and "nope" in result.stderr
+    # A read-only URL is refused before the work, saying how to print the statistics only.
+    result = run("stats", "http://127.0.0.1:9/levels.zarr", ok=False)
+    assert result.returncode != 0
+    assert "a http:// store is read-only here: add --no-write to print them only" in result.stderr

@@ -157,7 +157,7 @@ Json ArrayStats::to_json() const {
     json["count"] = total.count;
     json["nan_count"] = total.nan_count;
   }
-  json["time_range"] = Json::array({time_start, time_stop});
+  json["time_range"] = along_time ? Json::array({time_start, time_stop}) : Json();
   return json;
 }
 
@@ -172,10 +172,20 @@ ArrayStats compute_array_stats(const zarr::Array& array, const std::string& name
     return "dim_" + std::to_string(d);
   };
   if (rank == 0) throw Error(name + ": stats need at least one dimension");
+  // The time dimension: the one named so, else the first of an array of 3 or more dimensions
+  // ((time, [level,] lat, lon) as the loader reads them). An array of fewer without one (a
+  // static field such as lsm(latitude, longitude), a 1-D coordinate named in --variables) has
+  // no time steps: it is read whole, whatever the time range.
   size_t time_dim = 0;
+  bool along_time = rank >= 3;
   for (size_t d = 0; d < rank; ++d) {
-    if (dim_name(d) == "time") time_dim = d;
+    if (dim_name(d) == "time" || dim_name(d) == "valid_time") {
+      time_dim = d;
+      along_time = true;
+      break;
+    }
   }
+  result.along_time = along_time;
   std::vector<size_t> level_dims;
   for (size_t d = 0; d + 2 < rank; ++d) {
     if (d != time_dim) level_dims.push_back(d);
@@ -187,8 +197,9 @@ ArrayStats compute_array_stats(const zarr::Array& array, const std::string& name
     int64_t i = *index < 0 ? *index + nt : *index;
     return std::clamp<int64_t>(i, 0, nt);
   };
-  const auto t_start = uint64_t(resolve(options.time_start, 0));
-  const auto t_stop = std::max(t_start, uint64_t(resolve(options.time_stop, nt)));
+  const auto t_start = along_time ? uint64_t(resolve(options.time_start, 0)) : 0;
+  const auto t_stop =
+      along_time ? std::max(t_start, uint64_t(resolve(options.time_stop, nt))) : uint64_t(nt);
   if (t_stop == t_start) {
     // No step, no statistics: null mean and std written as attributes would stop the loader.
     throw Error(name + ": the time range [" + std::to_string(t_start) + ", " +

@@ -41,13 +41,15 @@ struct ArrayStats {
   std::string name;
   std::optional<std::string> level_dim;  // the dimension stats are split along, if any
   uint64_t time_start = 0, time_stop = 0;
+  bool along_time = true;  // false: no time dimension (a static field), read whole
   RunningStats total;
   std::vector<RunningStats> levels;  // one per level (empty without a level dimension)
   // The levels' names where the array says them: a stacked array's "variables" attribute (one
   // name per index along its one level dimension); else empty, and tables show indices.
   std::vector<std::string> level_names;
 
-  // {"mean", "std", "min", "max", "count", "nan_count", "time_range": [a, b]}; with a level
+  // {"mean", "std", "min", "max", "count", "nan_count", "time_range": [a, b] or null where the
+  // array has no time dimension}; with a level
   // dimension each of the first six is a list over levels and "level_dim" names the dimension.
   Json to_json() const;
 };

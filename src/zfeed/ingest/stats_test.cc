@@ -181,6 +181,20 @@ TEST(ArrayStats, PerLevelTimeRangeAndAttributes) {
   EXPECT_EQ(slabs.total.max, ref.max);
 }
 
+TEST(ArrayStats, AStaticFieldIsReadWholeWhateverTheTimeRange) {
+  auto store = make_memory_store();
+  auto lsm = make_array(store, "lsm", {3, 2}, {3, 2}, {"latitude", "longitude"});
+  std::vector<float> values = {0, 1, 2, 3, 4, 5};
+  lsm.write(lsm.full_selection(), values.data());
+  StatsOptions first_step;
+  first_step.time_start = 0;
+  first_step.time_stop = 1;  // was taken as the first latitude
+  ArrayStats stats = compute_array_stats(lsm, "lsm", first_step);
+  EXPECT_EQ(stats.total.count, 6u);
+  EXPECT_DOUBLE_EQ(stats.total.mean, 2.5);
+  EXPECT_TRUE(stats.to_json()["time_range"].is_null());
+}
+
 TEST(StoreStats, WritesAttributesAndReconsolidates) {
   auto dir =
       std::filesystem::temp_directory_path() / ("zfeed_stats_test_" + std::to_string(::getpid()));

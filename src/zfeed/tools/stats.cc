@@ -48,6 +48,14 @@ void run_stats(const StatsArgs& args) {
     options.time_stop = parse_index(args.time.substr(colon + 1), args.time);
   }
   options.write_attributes = !args.no_write;
+  // Read-only kinds of store: refused before the work, not after it.
+  for (const char* scheme : {"http://", "https://", "gs://"}) {
+    if (options.write_attributes && args.path.starts_with(scheme)) {
+      throw Error(args.path + ": zfeed stats writes its results as attributes, and a " +
+                  std::string(scheme) +
+                  " store is read-only here: add --no-write to print them only");
+    }
+  }
   auto stats = ingest::compute_store_stats(args.path, options);
   if (args.json) {
     Json json = Json::object();
@@ -65,7 +73,7 @@ void add_stats_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("stats",
                                  "Per variable (and level) mean, std, min, max: written as the "
                                  "zfeed_stats attribute and printed");
-  cmd->add_option("path", args->path, "store path")->required();
+  cmd->add_option("path", args->path, "store path or URL")->required();
   cmd->add_option("--variables", args->variables,
                   "comma-separated arrays (default: every data array)");
   cmd->add_option("--time", args->time,
