@@ -498,9 +498,9 @@ void plan_units(Output& output, uint64_t budget, size_t threads) {
   }
   throw Error(output.name + ": --max-memory " + memory_size(budget, Round::kDown) +
               " is too small: one chunk (or shard) of " + output.name +
-              " with the working buffers of " + std::to_string(threads) + " threads needs " +
-              memory_size(need, Round::kUp) + "; give --max-memory " +
-              memory_size(need, Round::kUp) +
+              " with the working buffers of " + std::to_string(threads) +
+              (threads == 1 ? " thread" : " threads") + " needs " + memory_size(need, Round::kUp) +
+              "; give --max-memory " + memory_size(need, Round::kUp) +
               " or more (or fewer --threads, or smaller --chunks/--shards)");
 }
 

@@ -208,7 +208,11 @@ TEST(SynthEra5, ResumesAfterAnInterruptionAndKeepsAStoreItReplaces) {
   EXPECT_TRUE(
       testing::contains(testing::error_of([&] { write_era5_synth(options); }), "interrupted"));
   auto store = open_store(options.output);
-  EXPECT_THROW(zarr::Group::open(store, ""), NotFoundError);
+  EXPECT_CONTAINS(testing::error_of<NotFoundError>([&] { zarr::open_node(store, ""); }),
+                  "it is an unfinished `zfeed synth` output (being written, or interrupted): run "
+                  "the same command again to finish it");
+  EXPECT_CONTAINS(testing::error_of<NotFoundError>([&] { zarr::Group::open(store, ""); }),
+                  "unfinished `zfeed synth` output");
   EXPECT_TRUE(store->size(std::string(kSynthProgressKey)));
   // Other arguments are refused while the record is there; the same ones resume.
   SynthOptions other = options;

@@ -444,8 +444,9 @@ Loader::Loader(LoaderSpec spec) : spec_(std::move(spec)), shared_(std::make_shar
       throw Error("loader: " + spec_.store->url() + " is a partial staged copy (" +
                   store_holds_->time_dim + " steps [" + std::to_string(store_holds_->start) + ", " +
                   std::to_string(store_holds_->stop) +
-                  ")): to split the samples among nodes, give the source and a stage_dir, so "
-                  "that each node copies its own block");
+                  ")): to split the samples among nodes, give the source and a staging directory "
+                  "(Python: stage=, recipes: --stage-dir), so that each node copies its own "
+                  "block");
     }
   }
   if (spec_.fill_nan && !std::isfinite(*spec_.fill_nan)) {

@@ -1566,7 +1566,7 @@ TEST(Loader, ANodeStagesItsTimeStepsAndReadsTheCopy) {
   on_copy.nodes = 2;
   EXPECT_CONTAINS(error_of([&] { Loader{on_copy}; }),
                   "is a partial staged copy (time steps [5, 11)): to split the samples among "
-                  "nodes, give the source and a stage_dir");
+                  "nodes, give the source and a staging directory (Python: stage=");
 }
 
 TEST(Loader, ACorruptChunkOfSeveralStepsFailsTheBatchWithoutAHang) {

@@ -66,7 +66,7 @@ int run_convert();
 void add_convert_command(CLI::App& app) {
   Arguments& args = arguments();
   auto* cmd = app.add_subcommand(
-      "convert", "Convert netCDF files or Zarr stores to a training-ready Zarr v3 store");
+      "convert", "Convert netCDF or GRIB files or Zarr stores to a training-ready Zarr v3 store");
   cmd->add_option("paths", args.paths,
                   "IN... OUT.zarr: inputs (joined along time, in this order), then the output")
       ->required()

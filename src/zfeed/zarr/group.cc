@@ -1,11 +1,30 @@
 #include "zfeed/zarr/group.h"
 
 #include <functional>
+#include <utility>
 
 #include "zfeed/util/error.h"
 
 namespace zfeed::zarr {
+
 namespace {
+
+// Where a store's root has no metadata yet because `zfeed synth` or `zfeed convert` is writing it
+// (their metadata goes last) or was interrupted: says so, for the not-found error. The progress
+// records' keys are the ingest layer's (kSynthProgressKey, kProgressKey).
+std::string unfinished_output_hint(const Store& store, const std::string& path) {
+  if (!path.empty()) return "";
+  const std::pair<const char*, const char*> records[] = {
+      {".zfeed-synth-progress.json", "zfeed synth"},
+      {".zfeed-convert-progress.json", "zfeed convert` or `zfeed rechunk"}};
+  for (const auto& [key, command] : records) {
+    if (store.size(key)) {
+      return std::string("; it is an unfinished `") + command +
+             "` output (being written, or interrupted): run the same command again to finish it";
+    }
+  }
+  return "";
+}
 
 std::optional<Json> read_json(const Store& store, const std::string& key) {
   auto bytes = store.get(key);
@@ -75,7 +94,8 @@ Group Group::open(std::shared_ptr<Store> store, const std::string& path_in) {
     }
     return Group(store, path, std::move(meta));
   }
-  throw NotFoundError(store->url() + "/" + path + ": no Zarr group here (no zarr.json or .zgroup)");
+  throw NotFoundError(store->url() + "/" + path + ": no Zarr group here (no zarr.json or .zgroup)" +
+                      unfinished_output_hint(*store, path));
 }
 
 Group Group::create(std::shared_ptr<Store> store, const std::string& path_in, int zarr_format,
@@ -242,7 +262,8 @@ Node open_node(std::shared_ptr<Store> store, const std::string& path_in) {
   if (store->size(join_key(path, ".zarray"))) return Array::open(store, path);
   if (store->size(join_key(path, ".zgroup"))) return Group::open(store, path);
   throw NotFoundError(store->url() + (path.empty() ? "" : "/" + path) +
-                      ": no Zarr array or group here (no zarr.json, .zarray or .zgroup)");
+                      ": no Zarr array or group here (no zarr.json, .zarray or .zgroup)" +
+                      unfinished_output_hint(*store, path));
 }
 
 }  // namespace zfeed::zarr
