@@ -29,6 +29,14 @@ std::string environment(const char* name) {
   return value ? value : "";
 }
 
+// A switch in the environment, read one way everywhere: 1, true, yes or on (any case).
+bool environment_flag(const char* name) {
+  std::string value = environment(name);
+  std::transform(value.begin(), value.end(), value.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return value == "1" || value == "true" || value == "yes" || value == "on";
+}
+
 bool is_unreserved(unsigned char c) {
   return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' ||
          c == '.' || c == '_' || c == '~';
@@ -527,9 +535,9 @@ class HttpStore final : public Store {
              "an S3 endpoint with HMAC keys)";
     }
     if (options_.access_key.empty()) {
-      const std::string no_sign = environment("AWS_NO_SIGN_REQUEST");
-      if (!no_sign.empty() && no_sign != "0" && no_sign != "false") {
-        return "; the request was unsigned (AWS_NO_SIGN_REQUEST=" + no_sign + ")";
+      if (environment_flag("AWS_NO_SIGN_REQUEST")) {
+        return "; the request was unsigned (AWS_NO_SIGN_REQUEST=" +
+               environment("AWS_NO_SIGN_REQUEST") + ")";
       }
       std::string hint =
           "; the request was unsigned (no AWS_ACCESS_KEY_ID in the environment or "
@@ -561,9 +569,9 @@ class HttpStore final : public Store {
 
   // A 403 read as a missing key, where ZFEED_S3_FORBIDDEN_IS_MISSING asks for it.
   bool forbidden_as_missing(const Response& response) const {
-    return options_.forbidden_is_missing && response.status == 403 &&
-           !s3_error_text(response.body).starts_with("InvalidAccessKeyId") &&
-           !s3_error_text(response.body).starts_with("SignatureDoesNotMatch");
+    if (!options_.forbidden_is_missing || response.status != 403) return false;
+    const std::string code = s3_error_code(response.body);
+    return code != "InvalidAccessKeyId" && code != "SignatureDoesNotMatch";
   }
 
   // Before retry `attempt + 1`: the doubled delay, drawn between half and all of it, and at
@@ -914,11 +922,8 @@ HttpStoreOptions http_store_options(std::string_view url) {
   options.display_url =
       std::string(google ? "gs://" : "s3://") + bucket + (prefix.empty() ? "" : "/" + prefix);
 
-  const std::string forbidden = environment("ZFEED_S3_FORBIDDEN_IS_MISSING");
-  options.forbidden_is_missing = forbidden == "1" || forbidden == "true";
-  const std::string no_sign = environment("AWS_NO_SIGN_REQUEST");
-  const bool unsigned_requests =
-      google || no_sign == "1" || no_sign == "true" || no_sign == "TRUE" || no_sign == "yes";
+  options.forbidden_is_missing = environment_flag("ZFEED_S3_FORBIDDEN_IS_MISSING");
+  const bool unsigned_requests = google || environment_flag("AWS_NO_SIGN_REQUEST");
   // Keys from one source: the environment, else the profile; an access key needs its secret.
   auto take_keys = [&](const std::function<std::string(const char*)>& read, const char* access,
                        const char* secret, const char* token, const char* source) {

@@ -401,8 +401,12 @@ TEST(HttpStore, OptionsFromUrls) {
   EXPECT_EQ(s3.display_url, "s3://my-bucket/data/era5.zarr");
   EXPECT_EQ(s3.region, "eu-west-1");
   EXPECT_EQ(s3.access_key, "key");
-  ::setenv("AWS_NO_SIGN_REQUEST", "true", 1);
-  EXPECT_EQ(http_store_options("s3://b").access_key, "");
+  for (const char* yes : {"true", "True", "YES", "1", "on"}) {
+    ::setenv("AWS_NO_SIGN_REQUEST", yes, 1);
+    EXPECT_EQ(http_store_options("s3://b").access_key, "") << yes;
+  }
+  ::setenv("AWS_NO_SIGN_REQUEST", "false", 1);
+  EXPECT_EQ(http_store_options("s3://b").access_key, "key");
   ::unsetenv("AWS_NO_SIGN_REQUEST");
   ::unsetenv("AWS_SECRET_ACCESS_KEY");
   EXPECT_THROW(http_store_options("s3://b"), Error);
