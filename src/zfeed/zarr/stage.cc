@@ -368,12 +368,23 @@ void check_local_destination(const std::string& destination_path) {
   }
 }
 
-// A source without metadata where the copy is for (StageOptions::node: the store's root, or
-// the group a loader reads) is refused: a mistyped path or prefix would otherwise stage as a
-// complete copy of nothing.
+// A copy is of a whole Zarr hierarchy: a source without metadata at its root is refused (a
+// mistyped path or prefix would otherwise stage as a complete copy of nothing, and a prefix
+// holding several stores would be copied whole for the one a loader reads, StageOptions::node).
 void require_metadata(const Store& source, const std::string& node) {
-  for (const char* name : {"zarr.json", ".zgroup", ".zarray"}) {
-    if (source.size(join_key(node, name))) return;
+  auto has_metadata = [&](const std::string& path) {
+    for (const char* name : {"zarr.json", ".zgroup", ".zarray"}) {
+      if (source.size(join_key(path, name))) return true;
+    }
+    return false;
+  };
+  if (has_metadata("")) return;
+  if (!node.empty() && has_metadata(node)) {
+    throw Error(source.url() +
+                ": no Zarr metadata at the store's root, so staging it would copy "
+                "everything below it for " +
+                node + ": open " + source.url() + "/" + node +
+                " itself (the group's own URL or path, not path=\"" + node + "\")");
   }
   throw NotFoundError(source.url() + (node.empty() ? "" : "/" + node) +
                       ": no Zarr store there to stage (no zarr.json, .zgroup or .zarray)");

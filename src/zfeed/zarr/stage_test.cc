@@ -192,16 +192,20 @@ TEST(Stage, RefusesASourceThatIsNoZarrStoreAndLeavesNoCopy) {
   EXPECT_CONTAINS(error_of<NotFoundError>([&] { stage(files, destination); }),
                   "no Zarr store there to stage");
   EXPECT_FALSE(std::filesystem::exists(destination));
-  // A prefix holding stores, no metadata at its root: a loader's group below it (the node the
-  // copy is for) is what must be there.
+  // A prefix holding stores, no metadata at its root, for a loader's group below it (the node
+  // the copy is for): refused, saying to open the group's own URL, not to copy them all.
   auto stores = make_memory_store();
   stores->set("era5.zarr/zarr.json", as_bytes(R"({"zarr_format": 3, "node_type": "group"})"));
+  stores->set("cam5.zarr/zarr.json", as_bytes(R"({"zarr_format": 3, "node_type": "group"})"));
   StageOptions for_a_group;
   for_a_group.node = "era5";
   EXPECT_CONTAINS(error_of<NotFoundError>([&] { stage(stores, destination, for_a_group); }),
                   "/era5: no Zarr store there to stage");
   for_a_group.node = "era5.zarr";
-  EXPECT_EQ(stage(stores, destination, for_a_group).keys, 1u);
+  EXPECT_CONTAINS(error_of<Error>([&] { stage(stores, destination, for_a_group); }),
+                  "no Zarr metadata at the store's root, so staging it would copy everything "
+                  "below it for era5.zarr: open memory://");
+  EXPECT_FALSE(std::filesystem::exists(destination));
 }
 
 TEST(Stage, ProcessesStagingOneDestinationAtOnceShareOneCopy) {
