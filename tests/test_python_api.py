@@ -164,6 +164,10 @@ def test_writes_cast_as_numpy_2(tmp_path):
     np.testing.assert_array_equal(u8[...], [255, 255, 0, 255])
     u64[...] = 2**64 - 1
     assert u64[0] == 2**64 - 1
+    u64[...] = [2**64 - 1, 1]  # a list NumPy alone would make float64
+    assert u64[...].tolist() == [2**64 - 1, 1]
+    with pytest.raises(OverflowError):
+        u64[...] = [2**64, 1]
     flags = zfeed.create(tmp_path / "b", shape=(4,), dtype="bool")
     flags[0] = 1
     np.testing.assert_array_equal(flags[...], [True, False, False, False])

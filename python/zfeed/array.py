@@ -369,6 +369,12 @@ class Array:
         values = np.asarray(value)
         if values.dtype == target:
             return values
+        if target.kind in "iu" and values.dtype.kind == "f" and not isinstance(value, (np.ndarray, np.generic)):
+            # NumPy makes a list of Python integers float64 where one is past int64 ([2**64 - 1, 1]),
+            # losing digits: a list of integers is taken as integers (NumPy assignment does so too).
+            exact = np.asarray(value, dtype=object)
+            if exact.size and all(isinstance(x, (int, np.integer)) for x in exact.flat):
+                values = exact
         kinds = values.dtype.kind + target.kind
         if target.kind in "iu" and values.dtype.kind in "iuO" and values.size and \
                 not isinstance(value, (np.ndarray, np.generic)):
