@@ -22,6 +22,7 @@
 #include "zfeed/codec/data_type.h"
 #include "zfeed/loader/cast_values.h"
 #include "zfeed/store/mapped_read.h"
+#include "zfeed/util/cancel.h"
 #include "zfeed/util/error.h"
 #include "zfeed/util/fork_gate.h"
 #include "zfeed/util/io_counters.h"
@@ -313,6 +314,9 @@ struct Loader::Shared {
   std::vector<std::unique_ptr<BatchMemory>> free;
   std::deque<Ready> ready;
   bool stop = false;
+  // Set with stop: the prefetch's reads from a remote store end instead of running to their
+  // stall timeout and retries (a loader dropped after Ctrl-C, a set_epoch, waits for them).
+  std::atomic<bool> cancel_reads{false};
   bool producer_started = false;  // the prefetch thread runs (its start-up is done)
   bool producer_parked = false;   // it has produced all it will and waits to exit
   bool producer_may_exit = false;
@@ -1445,7 +1449,10 @@ void Loader::produce(uint64_t epoch, uint64_t first_batch) {
     shared.producer_started = true;
   }
   shared.cv.notify_all();
-  produce_batches(epoch, first_batch);
+  {
+    const CancelScope cancellable(&shared.cancel_reads);  // carried into the pool's tasks
+    produce_batches(epoch, first_batch);
+  }
   // Parked, holding no pass, until stop_producer() lets it go while holding one: the thread's
   // exit (the C library's and a sanitizer's frees) is thus never under way across a fork.
   std::unique_lock lock(shared.mutex);
@@ -1634,6 +1641,7 @@ void Loader::start_producer() {
   {
     std::lock_guard lock(shared_->mutex);
     shared_->stop = false;
+    shared_->cancel_reads = false;
     shared_->producer_started = false;
     shared_->producer_parked = false;
     shared_->producer_may_exit = false;
@@ -1655,6 +1663,7 @@ void Loader::stop_producer() {
     {
       std::unique_lock lock(shared_->mutex);
       shared_->stop = true;
+      shared_->cancel_reads = true;
       shared_->cv.notify_all();
       shared_->cv.wait(lock, [&] { return shared_->producer_parked; });
     }

@@ -16,6 +16,8 @@
 #include <thread>
 
 #include "zfeed/codec/data_type.h"
+#include "zfeed/store/http_store.h"
+#include "zfeed/store/http_testing.h"
 #include "zfeed/store/store_testing.h"
 #include "zfeed/util/error.h"
 #include "zfeed/util/fork_gate.h"
@@ -1702,6 +1704,27 @@ TEST(Loader, AnInterruptEndsTheWaitForABatchWhichStaysDue) {
   ASSERT_TRUE(batch);
   EXPECT_EQ(batch->index, 0u);
   check_batch(source, loader, *batch);
+}
+
+TEST(Loader, DroppingALoaderEndsItsReadsFromAStalledServer) {
+  // The store served over HTTP by a server that then stops answering: reads hang until their
+  // stall timeout (30 s here), retried. A loader dropped meanwhile (after a Ctrl-C) ends them.
+  auto source = make_store();
+  testing::TestServer server;
+  for (const auto& key : source->list(""))
+    server.put(key, std::string(source->get(key)->as_string()));
+  auto remote = make_http_store(http_store_options(server.url()));
+  auto spec = base_spec(remote);
+  spec.shuffle = false;
+  spec.batch_size = 2;
+  auto loader = std::make_unique<Loader>(spec);
+  server.stall = true;
+  int asked = 0;
+  EXPECT_CONTAINS(error_of<InterruptedError>([&] { loader->next([&] { return ++asked == 3; }); }),
+                  "interrupted while waiting for batch 0");
+  const auto start = std::chrono::steady_clock::now();
+  loader.reset();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
 }
 
 TEST(Loader, StagesInTheBackgroundWhileItServesBatches) {

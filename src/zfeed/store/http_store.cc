@@ -18,6 +18,7 @@
 #include <set>
 #include <thread>
 
+#include "zfeed/util/cancel.h"
 #include "zfeed/util/error.h"
 #include "zfeed/util/thread_pool.h"
 
@@ -155,6 +156,11 @@ struct Response {
   // here, the transfer aborted, and rethrown once libcurl has returned.
   std::exception_ptr failure;
 };
+
+// libcurl's progress callback: nonzero ends the transfer (CURLE_ABORTED_BY_CALLBACK).
+int on_progress(void*, curl_off_t, curl_off_t, curl_off_t, curl_off_t) {
+  return CancelScope::cancelled() ? 1 : 0;
+}
 
 size_t on_body(char* data, size_t size, size_t count, void* user) {
   auto* response = static_cast<Response*>(user);
@@ -616,6 +622,7 @@ class HttpStore final : public Store {
       const CURLcode code =
           perform_once(method, url, range_header, upload, sink, response, error_text);
       if (response.failure) std::rethrow_exception(response.failure);
+      if (code == CURLE_ABORTED_BY_CALLBACK) throw_cancelled(where);
       const bool failed = code != CURLE_OK;
       const std::string error_code =
           !failed && response.status >= 400 ? s3_error_code(*sink) : std::string();
@@ -638,8 +645,19 @@ class HttpStore final : public Store {
         }
         return response;
       }
-      std::this_thread::sleep_for(retry_delay(attempt, response.retry_after_s));
+      // The wait before the retry, ended early where the work is cancelled.
+      const auto until =
+          std::chrono::steady_clock::now() + retry_delay(attempt, response.retry_after_s);
+      while (std::chrono::steady_clock::now() < until) {
+        if (CancelScope::cancelled()) throw_cancelled(where);
+        std::this_thread::sleep_until(
+            std::min(until, std::chrono::steady_clock::now() + std::chrono::milliseconds(100)));
+      }
     }
+  }
+
+  [[noreturn]] static void throw_cancelled(const std::string& where) {
+    throw Error(where + ": the read was cancelled (the work it was for stopped)");
   }
 
   CURLcode perform_once(const char* method, const std::string& url, const std::string& range_header,
@@ -673,6 +691,9 @@ class HttpStore final : public Store {
     curl_easy_setopt(handle, CURLOPT_CONNECTTIMEOUT_MS, options_.connect_timeout_ms);
     curl_easy_setopt(handle, CURLOPT_LOW_SPEED_LIMIT, 1L);
     curl_easy_setopt(handle, CURLOPT_LOW_SPEED_TIME, options_.stall_timeout_s);
+    // Asked at least once a second, on this thread: a transfer for cancelled work ends.
+    curl_easy_setopt(handle, CURLOPT_NOPROGRESS, 0L);
+    curl_easy_setopt(handle, CURLOPT_XFERINFOFUNCTION, on_progress);
     curl_easy_setopt(handle, CURLOPT_WRITEFUNCTION, on_body);
     curl_easy_setopt(handle, CURLOPT_WRITEDATA, &response);
     curl_easy_setopt(handle, CURLOPT_HEADERFUNCTION, on_header);

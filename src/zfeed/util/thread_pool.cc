@@ -10,6 +10,7 @@
 #include <string>
 #include <utility>
 
+#include "zfeed/util/cancel.h"
 #include "zfeed/util/fork_gate.h"
 
 namespace zfeed {
@@ -17,7 +18,8 @@ namespace zfeed {
 struct ThreadPool::Job {
   size_t count = 0;
   const std::function<void(size_t)>* fn = nullptr;
-  std::function<void(size_t)> owned;  // a started Work's function (fn points here)
+  std::function<void(size_t)> owned;          // a started Work's function (fn points here)
+  const std::atomic<bool>* cancel = nullptr;  // the submitter's CancelScope, for every task
   std::atomic<size_t> next{0};
   std::atomic<bool> failed{false};
   std::mutex mutex;
@@ -66,6 +68,7 @@ ThreadPool::~ThreadPool() {
 }
 
 void ThreadPool::run_some(Job& job) {
+  const CancelScope scope(job.cancel);
   size_t finished = 0;
   for (;;) {
     size_t i = job.next.fetch_add(1, std::memory_order_relaxed);
@@ -126,6 +129,7 @@ std::shared_ptr<ThreadPool::Job> ThreadPool::submit(size_t n, const std::functio
   job->count = n;
   job->owned = std::move(owned);
   job->fn = fn ? fn : &job->owned;
+  job->cancel = CancelScope::current();
   if (n < 2 || workers_.empty()) return job;  // the caller runs it all
   {
     std::lock_guard lock(mutex_);
