@@ -464,7 +464,8 @@ def test_ctrl_c_stops_a_stage_waiting_for_another_process(tmp_path):
 def test_ctrl_c_ends_a_wait_for_a_batch_from_a_stalled_server(tmp_path):
     """A loader whose server stopped answering: Ctrl-C (SIGINT) raises KeyboardInterrupt within
     a moment, not when the stalled read gives up (30 s, then retries), and the batch is still due:
-    iterating again once the server answers yields it."""
+    iterating again once the server answers yields it. A loader dropped while its reads stall
+    ends them."""
     import signal
 
     source = tmp_path / "era5.zarr"
@@ -502,6 +503,11 @@ got = next(iter(loader))
 want = next(iter(zfeed.Loader({str(source)!r}, **kwargs)))
 assert all(np.array_equal(got[k], want[k]) for k in want), "another batch"
 print("resumed", flush=True)
+answering.clear()  # the loader reads ahead: those reads stall now
+time.sleep(0.5)
+start = time.monotonic()
+del loader, got
+print(f"dropped after {{time.monotonic() - start:.1f}} s", flush=True)
 # Not Python's exit: it freezes the server's daemon threads while the loader still reads ahead.
 import os
 os._exit(0)
@@ -517,6 +523,7 @@ os._exit(0)
     assert lines[0].startswith("interrupted after "), out
     assert float(lines[0].split()[2]) < 10, out  # at once, not after the stalled read's 30 s
     assert lines[1] == "resumed", out
+    assert lines[2].startswith("dropped after ") and float(lines[2].split()[2]) < 10, out  # reads ended
 
 
 def test_stage_a_time_range_from_the_command_line(s3, tmp_path):
