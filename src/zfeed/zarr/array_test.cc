@@ -26,6 +26,7 @@
 #include "zfeed/store/http_testing.h"
 #include "zfeed/store/store_testing.h"
 #include "zfeed/util/error.h"
+#include "zfeed/util/fork_gate.h"
 #include "zfeed/util/testing.h"
 #include "zfeed/zarr/group.h"
 
@@ -398,23 +399,32 @@ TEST(Array, AForkWhileThreadsWriteShardsLeavesBothProcessesWriting) {
       R"([{"name": "sharding_indexed", "configuration": {"chunk_shape": [1, 16],
       "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}]}}])";
   Array array = Array::create(store, "s", v3_meta("float32", {256, 16}, {8, 16}, codecs, "0"));
+  std::vector<float> zeros(256 * 16, 0.0f);
+  array.write(array.full_selection(), zeros.data());  // the pool is running before the forks
   std::atomic<bool> stop{false};
+  std::atomic<uint64_t> writes{0};
+  std::vector<float> rows(32 * 16);
   std::thread writer([&] {
-    std::vector<float> rows(32 * 16);
     for (uint64_t i = 0; !stop; ++i) {
+      // Each write holds a fork pass, as zfeed's own threads' work does, so that no fork lands
+      // inside the allocator (ASan's, unlike glibc's, is not made safe across fork).
+      ForkGate::Pass working;
       std::fill(rows.begin(), rows.end(), float(i));
       array.write({{i % 8, 256, 8}, {0, 16, 1}}, rows.data());  // one step of every shard
+      ++writes;
     }
   });
+  // Forks from here on: the writer's start-up (allocations outside any pass) is over.
+  while (writes == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   for (int fork_number = 0; fork_number < 20; ++fork_number) {
     const pid_t child = ::fork();
     ASSERT_GE(child, 0);
     if (child == 0) {
-      std::vector<float> rows(32 * 16, -1.0f);
-      array.write({{1, 256, 8}, {0, 16, 1}}, rows.data());
+      std::vector<float> mine(32 * 16, -1.0f);
+      array.write({{1, 256, 8}, {0, 16, 1}}, mine.data());
       std::vector<float> back(32 * 16);
       array.read({{1, 256, 8}, {0, 16, 1}}, back.data());
-      ::_exit(back == rows ? 0 : 1);
+      ::_exit(back == mine ? 0 : 1);
     }
     ASSERT_EQ(testing::exit_status_of_child(child, 30), 0) << "fork " << fork_number;
   }
